@@ -1,0 +1,3 @@
+from toolbox.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,13 @@
+"""Errors the CLI turns into a message and an exit code instead of a traceback."""
+
+
+class UserError(Exception):
+    """Bad input: a message naming the file, field or line; exit code 2."""
+
+    exit_code = 2
+
+
+class ToolError(Exception):
+    """Something outside the user's input failed (an engine, a build); exit code 1."""
+
+    exit_code = 1
