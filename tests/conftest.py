@@ -1,0 +1,53 @@
+"""Shared test set-up: makes `from helpers.tiny import ...` work, and tiny-model fixtures.
+
+The tiny models are built once per test session (a fraction of a second each) and shared;
+tests that change a model copy it first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+for p in (str(TESTS), str(ROOT / "entrypoints")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+# Nothing in the suite may reach a hub; fail fast instead of hanging on the closed network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """`tiny_models("qwen3")` -> Path of a saved tiny model (built once per session per arch)."""
+    from helpers.tiny import make_tiny_model
+
+    cache: dict[str, Path] = {}
+
+    def get(arch: str = "llama") -> Path:
+        if arch not in cache:
+            cache[arch] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{arch}"), arch)
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_models) -> Path:
+    """A saved tiny Llama-architecture model with its tokenizer."""
+    return tiny_models("llama")
+
+
+@pytest.fixture
+def text_dataset(tmp_path) -> Path:
+    from helpers.tiny import write_dataset
+
+    return write_dataset(tmp_path / "data" / "train.jsonl", "text", n=64)
