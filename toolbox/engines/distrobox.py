@@ -1,0 +1,59 @@
+"""distrobox: long-lived containers on podman or Docker; engine flags via --additional-flags."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+from toolbox.engines import Engine, RunSpec, which
+from toolbox.errors import ToolError, UserError
+
+
+def engine_flags(spec: RunSpec) -> list[str]:
+    flags: list[str] = []
+    for dev in spec.devices:
+        flags += ["--device", dev]
+    if spec.gpus:
+        flags += ["--device", f"nvidia.com/gpu={spec.gpus}"]
+    for grp in spec.groups:
+        flags += ["--group-add", grp]
+    for opt in spec.security_opts:
+        flags += ["--security-opt", opt]
+    for name, val in sorted(spec.ulimits.items()):
+        flags += ["--ulimit", f"{name}={val}"]
+    return flags
+
+
+class DistroboxEngine(Engine):
+    name = "distrobox"
+
+    def available(self) -> bool:
+        return which("distrobox") is not None
+
+    def missing_hint(self) -> str:
+        return "`distrobox` is not on PATH (`apt-get install distrobox`, `dnf install distrobox`)"
+
+    def _refuse_root(self) -> None:
+        if os.geteuid() == 0:
+            raise UserError(
+                "distrobox refuses to run as root (it drives rootless podman); run `toolbox create/run "
+                "--via distrobox` as your normal user, or use `--engine podman` as root"
+            )
+
+    def create_commands(self, name: str, image: str, spec: RunSpec) -> list[list[str]]:
+        argv = ["distrobox", "create", "--yes", "--name", name, "--image", image]
+        flags = engine_flags(spec)
+        if flags:
+            # distrobox splices this string into its podman/docker create command
+            argv += ["--additional-flags", shlex.join(flags)]
+        return [argv]
+
+    def run_command(self, spec: RunSpec) -> list[str]:
+        if not spec.name:
+            raise ToolError("--engine distrobox runs CMD in an existing container: pass --name C")
+        return ["distrobox", "enter", "--name", spec.name, "--", *spec.command]
+
+    def run(self, spec: RunSpec) -> int:
+        self._refuse_root()
+        return subprocess.call(self.run_command(spec))
