@@ -1,0 +1,202 @@
+"""In-container health probe: `python -m toolbox_train.doctor [--lock FILE] [--json]`.
+
+Reports the GPU torch sees and its arch, the HIP/CUDA version, which librccl/libnccl
+torch loaded and its version, whether Unsloth imports, and the pins of the image's
+lock file against what is installed. Exits 1 with a fix hint when something is off.
+Stdlib only (torch and yaml are optional), so it runs in any image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+DEFAULT_LOCKS = ("/opt/toolbox/stack.lock.yaml", "/opt/toolbox/stack.lock.json")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | fail | info
+    detail: str
+    hint: str = ""
+
+
+def _read_lock(path: Path) -> dict:
+    text = path.read_text()
+    try:
+        import yaml
+
+        data = yaml.safe_load(text)
+    except ImportError:
+        data = json.loads(text)
+    if isinstance(data, dict) and isinstance(data.get("pins"), dict):
+        return {**{k: v for k, v in data.items() if k != "pins"}, **data["pins"]}
+    return data if isinstance(data, dict) else {}
+
+
+# lock key -> distribution name, for pins of Python packages
+def _dist_for(key: str) -> str | None:
+    parts = key.split(".")
+    leaf = parts[-1]
+    if leaf in ("commit", "repo", "index_url", "sha256", "url", "source", "extras", "digest", "image"):
+        return None
+    if leaf == "zoo_version":
+        return "unsloth_zoo"
+    if leaf == "version" and len(parts) >= 2:
+        return parts[-2]
+    if len(parts) >= 2 and parts[0] in ("hf", "torch", "python"):
+        return leaf
+    return None
+
+
+def _norm(v: str) -> str:
+    return str(v).strip()
+
+
+def check_pins(lock: dict) -> list[Check]:
+    out = []
+    for key, want in sorted(lock.items()):
+        dist = _dist_for(key)
+        if not dist or not isinstance(want, str) or not re.match(r"^\d", want):
+            continue
+        try:
+            have = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out.append(Check(f"pin {key}", "fail", f"{dist} {want} is pinned but not installed",
+                             "rebuild the image: toolbox build --stack STACK"))
+            continue
+        same = have == want or ("+" not in want and have.split("+")[0] == want)
+        out.append(Check(f"pin {key}", "ok" if same else "fail", f"{dist} {have} (pinned {want})",
+                         "" if same else "the image drifted from its lock: rebuild it with toolbox build"))
+    return out
+
+
+def loaded_collectives() -> list[str]:
+    libs = set()
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            path = line.split()[-1] if line.split() else ""
+            base = os.path.basename(path)
+            if base.startswith(("librccl", "libnccl")):
+                libs.add(path)
+    except OSError:
+        pass
+    return sorted(libs)
+
+
+def probe(lock: dict, expect_platform: str | None, targets: list[str], check_unsloth: bool | None) -> list[Check]:
+    checks: list[Check] = []
+    platform = expect_platform or lock.get("platform") or None
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+        checks.append(Check("torch", "fail", f"import torch failed: {exc}",
+                            "a broken torch/RCCL pair ('undefined symbol: nccl...') means RCCL and torch "
+                            "do not match: rebuild the image; run rccl-check"))
+        return checks
+    hip = getattr(torch.version, "hip", None)
+    cuda = getattr(torch.version, "cuda", None)
+    kind = "rocm" if hip else "cuda" if cuda else "cpu"
+    checks.append(Check("torch", "ok", f"torch {torch.__version__} ({'HIP ' + hip if hip else 'CUDA ' + cuda if cuda else 'CPU build'})"))
+    if platform and platform != kind:
+        checks.append(Check("platform", "fail", f"expected a {platform} torch, found a {kind} build",
+                            "the image's torch is not the stack's: rebuild it"))
+    gpu = torch.cuda.is_available()
+    if gpu:
+        props = torch.cuda.get_device_properties(0)
+        arch = getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}"
+        arch_base = arch.split(":")[0]
+        detail = f"{torch.cuda.device_count()} device(s); 0: {props.name}, arch {arch}, {props.total_memory / 2**30:.1f} GiB"
+        if targets and arch_base not in targets:
+            checks.append(Check("gpu", "fail", detail + f"; the image is built for {', '.join(targets)}",
+                                f"build a stack for {arch_base} (gpu_targets), or on gfx11 try HSA_OVERRIDE_GFX_VERSION"))
+        else:
+            checks.append(Check("gpu", "ok", detail))
+    elif (platform or kind) in ("rocm", "cuda"):
+        hint = ("start the container with /dev/kfd and /dev/dri, groups video and render and "
+                "seccomp=unconfined (`toolbox run` adds them); check `ls -l /dev/kfd /dev/dri` on the host"
+                if (platform or kind) == "rocm" else
+                "start the container with the GPUs (`toolbox run` adds --gpus all / CDI nvidia.com/gpu=all)")
+        checks.append(Check("gpu", "fail", "torch sees no GPU", hint))
+    else:
+        checks.append(Check("gpu", "info", "no GPU (CPU stack): training runs on the CPU (gloo for DDP)"))
+    libs = loaded_collectives()
+    version = None
+    if gpu or kind != "cpu":
+        try:
+            v = torch.cuda.nccl.version()
+            version = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - no NCCL/RCCL in this torch
+            version = None
+        libs = loaded_collectives() or libs
+    if libs:
+        checks.append(Check("collectives", "ok", f"loaded {', '.join(libs)}" + (f" (version {version})" if version else "")))
+    elif kind == "cpu":
+        checks.append(Check("collectives", "info", "no librccl/libnccl (CPU torch): DDP uses gloo"))
+    else:
+        checks.append(Check("collectives", "fail", f"torch loaded no {'librccl' if kind == 'rocm' else 'libnccl'}",
+                            "run rccl-check; rebuild the image so torch and RCCL/NCCL match"))
+    want_unsloth = check_unsloth if check_unsloth is not None else any(k.startswith("unsloth") for k in lock)
+    if want_unsloth:
+        cp = subprocess.run([sys.executable, "-c", "import unsloth; print(unsloth.__version__)"],
+                            capture_output=True, text=True, timeout=300)
+        if cp.returncode == 0:
+            checks.append(Check("unsloth", "ok", f"unsloth {cp.stdout.strip().splitlines()[-1] if cp.stdout.strip() else ''} imports"))
+        else:
+            last = (cp.stderr.strip().splitlines() or ["?"])[-1]
+            checks.append(Check("unsloth", "fail", f"import unsloth failed: {last}",
+                                "Unsloth needs a visible GPU and its pinned unsloth_zoo; see the gpu check above"))
+    else:
+        checks.append(Check("unsloth", "info", "not part of this stack"))
+    checks += check_pins(lock)
+    return checks
+
+
+def render(checks: list[Check]) -> str:
+    lines = []
+    for c in checks:
+        mark = {"ok": "ok  ", "fail": "FAIL", "info": "info"}[c.status]
+        lines.append(f"[{mark}] {c.name}: {c.detail}")
+        if c.status == "fail" and c.hint:
+            lines.append(f"       fix: {c.hint}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="toolbox-doctor", description=__doc__.splitlines()[0])
+    p.add_argument("--lock", type=Path, help="the stack lock to compare against (default: the image's)")
+    p.add_argument("--expect-platform", choices=["rocm", "cuda", "cpu"])
+    p.add_argument("--gpu-target", action="append", default=[], help="an arch the image is built for")
+    p.add_argument("--unsloth", dest="unsloth", action="store_true", default=None, help="require Unsloth")
+    p.add_argument("--no-unsloth", dest="unsloth", action="store_false")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    lock: dict = {}
+    lock_path = args.lock or next((Path(x) for x in DEFAULT_LOCKS if Path(x).exists()), None)
+    if args.lock and not args.lock.is_file():
+        print(f"toolbox-doctor: --lock {args.lock}: no such file", file=sys.stderr)
+        return 2
+    if lock_path:
+        lock = _read_lock(lock_path)
+    checks = probe(lock, args.expect_platform, args.gpu_target, args.unsloth)
+    if lock_path is None:
+        checks.append(Check("lock", "info", "no stack lock in this image; pins not compared"))
+    failed = [c for c in checks if c.status == "fail"]
+    if args.json:
+        print(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}, indent=1))
+    else:
+        print(render(checks))
+        print("doctor: all good" if not failed else f"doctor: {len(failed)} problem(s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

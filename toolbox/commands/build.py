@@ -1,0 +1,130 @@
+"""`toolbox build`: render a stack's build context and build it with podman or Docker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from toolbox.errors import ToolError, UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("build", help="render a stack and build its image (podman or Docker)")
+    p.add_argument("--stack", help="shipped stack name or path to a stack YAML (default gfx1151)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a stack field, e.g. --set hf.peft=0.21.1 (repeatable)")
+    p.add_argument("--engine", choices=["podman", "docker"], help="default: podman if installed, else Docker")
+    p.add_argument("--tag", help="image tag (default localhost/toolbox-STACK:LOCKDIGEST)")
+    p.add_argument("--target", help="build only up to this Dockerfile stage")
+    p.add_argument("--no-cache", action="store_true", help="do not reuse cached layers")
+    p.add_argument("--ca-bundle", type=Path, metavar="FILE",
+                   help="CA bundle for pip/dnf/apt in RUN steps, passed as build secret `ca` (never a layer)")
+    p.add_argument("--wheelhouse", type=Path, metavar="DIR",
+                   help="folder of wheels pip may install from (find-links), e.g. for air-gapped hosts")
+    p.add_argument("--network", metavar="MODE", help="network mode of RUN steps (e.g. host)")
+    p.add_argument("--context", type=Path, metavar="DIR",
+                   help="write the build context here and keep it (default: a temporary folder)")
+    p.add_argument("--allow-unverified", action="store_true", help="build even with pins marked unverified")
+    p.add_argument("--dry-run", action="store_true", help="print the engine commands, shell-quoted; build nothing")
+    p.set_defaults(func=run)
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def _check_inputs(args) -> None:
+    if args.ca_bundle is not None:
+        f = args.ca_bundle.expanduser()
+        if not f.is_file():
+            raise UserError(f"--ca-bundle {args.ca_bundle}: no such file")
+        if not os.access(f, os.R_OK):
+            raise UserError(f"--ca-bundle {args.ca_bundle}: not readable")
+        if b"BEGIN CERTIFICATE" not in f.read_bytes()[:1 << 20]:
+            raise UserError(f"--ca-bundle {args.ca_bundle}: not a PEM bundle (no BEGIN CERTIFICATE)")
+    if args.wheelhouse is not None:
+        d = args.wheelhouse.expanduser()
+        if not d.is_dir():
+            raise UserError(f"--wheelhouse {args.wheelhouse}: not a directory")
+        if not any(d.glob("*.whl")):
+            raise UserError(f"--wheelhouse {args.wheelhouse}: holds no *.whl files")
+    if args.context is not None and args.context.exists() and any(args.context.iterdir()):
+        raise UserError(f"--context {args.context}: exists and is not empty")
+
+
+def _fill_wheelhouse(src: Path, ctx: Path) -> None:
+    dest = ctx / "wheelhouse"
+    dest.mkdir(exist_ok=True)
+    for whl in sorted(src.expanduser().glob("*.whl")):
+        target = dest / whl.name
+        try:
+            os.link(whl, target)  # same filesystem: no copy of a multi-GB wheel
+        except OSError:
+            shutil.copy2(whl, target)
+
+
+def run(args) -> int:
+    from toolbox.engines import BuildSpec, get_engine, quote, require
+    from toolbox.render import write_context
+    from toolbox.runtime import default_tag
+    from toolbox.stack import load_stack
+
+    stack = load_stack(args.stack, args.overrides)
+    unverified = stack.unverified_pins()
+    if unverified and not args.allow_unverified:
+        raise UserError(
+            f"stack {stack.name}: pins marked unverified: {', '.join(unverified)}; verify them "
+            "(`toolbox bump`/hashes) or pass --allow-unverified"
+        )
+    _check_inputs(args)
+    engine = get_engine(args.engine)
+    tag = args.tag or default_tag(stack)
+
+    if args.context is not None:
+        ctx_parent, keep = args.context.resolve(), True
+        if ctx_parent.exists():
+            ctx_parent.rmdir()  # empty (checked); write_context creates it atomically
+    else:
+        keep = bool(args.dry_run)  # a dry run's commands must stay runnable
+        ctx_parent = Path(tempfile.mkdtemp(prefix=f"toolbox-{stack.name}-")) / "context"
+    ctx = write_context(stack, ctx_parent)
+    if args.wheelhouse is not None:
+        _fill_wheelhouse(args.wheelhouse, ctx)
+    secrets = {"ca": args.ca_bundle.expanduser().resolve()} if args.ca_bundle else {}
+    spec = BuildSpec(context=ctx, tag=tag, target=args.target, no_cache=args.no_cache,
+                     network=args.network, secrets=secrets)
+    try:
+        if args.dry_run:
+            print(f"# context: {ctx}")
+            print("IIDFILE=$(mktemp)")
+            for argv in engine.build_commands(spec):
+                print(quote(argv).replace("'$IIDFILE'", '"$IIDFILE"').replace("'$(cat $IIDFILE)'", '"$(cat "$IIDFILE")"'))
+            return 0
+        require(engine)
+        print(f"toolbox: building {tag} from stack {stack.name} with {engine.name} (context {ctx})", flush=True)
+
+        def sink(line: str) -> None:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+        result = engine.build(spec, sink)
+    finally:
+        if not keep:
+            shutil.rmtree(ctx.parent if args.context is None else ctx, ignore_errors=True)
+    print()
+    print(f"image:  {result.tag}")
+    print(f"id:     {result.image_id[:12]}")
+    print(f"size:   {human_size(result.size)}")
+    print(f"stack:  {stack.name} (lock digest {stack.lock_digest()})")
+    print("pins:")
+    for key, value in stack.lock().items():
+        print(f"  {key} = {value}")
+    return 0

@@ -1,0 +1,137 @@
+"""`toolbox doctor`: is this host / image fit to train? Exits 1 with fix hints when not.
+
+Outside a container it checks the engine, the GPU device nodes, and the image's labels
+against the stack's pins, then (with --in-image) runs the probe inside the image.
+Inside a container it runs the probe (toolbox_train.doctor) directly.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import sys
+
+from toolbox.errors import ToolError, UserError
+
+LABEL_PREFIX = "io.github.toolbox."
+
+
+def register(sub) -> None:
+    from toolbox.commands.run import add_target_args
+
+    p = sub.add_parser("doctor", help="check engine, GPU, image labels vs stack pins; in-container probe")
+    add_target_args(p)
+    p.add_argument("--engine", choices=["podman", "docker"])
+    p.add_argument("--in-image", action="store_true", help="also run the probe inside the image")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def in_container() -> bool:
+    return os.path.exists("/run/.containerenv") or os.path.exists("/.dockerenv")
+
+
+def label_checks(labels: dict, stack) -> list:
+    from toolbox_train.doctor import Check
+
+    out = []
+    lock = stack.lock()
+    if labels.get(LABEL_PREFIX + "stack") != stack.name:
+        out.append(Check("label stack", "fail", f"image says {labels.get(LABEL_PREFIX + 'stack')!r}, stack is {stack.name!r}",
+                         f"build the image of this stack: toolbox build --stack {stack.name}"))
+    want_digest = stack.lock_digest()
+    have_digest = labels.get(LABEL_PREFIX + "lock-digest")
+    out.append(Check("label lock-digest", "ok" if have_digest == want_digest else "fail",
+                     f"image {have_digest}, stack {want_digest}",
+                     "" if have_digest == want_digest else f"rebuild: toolbox build --stack {stack.name}"))
+    bad = []
+    for key, want in lock.items():
+        have = labels.get(LABEL_PREFIX + key)
+        if have != str(want):
+            bad.append(f"{key}: image {have!r} != stack {want!r}")
+    out.append(Check("label pins", "fail" if bad else "ok",
+                     "; ".join(bad[:8]) + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else "") if bad
+                     else f"all {len(lock)} pins match",
+                     f"rebuild: toolbox build --stack {stack.name}" if bad else ""))
+    return out
+
+
+def host_checks(args):
+    from toolbox.commands.run import resolve_target
+    from toolbox.engines import IMAGE_ENGINES, get_engine
+    from toolbox_train.doctor import Check
+
+    checks = []
+    try:
+        engine = get_engine(args.engine)
+        ok = engine.available()
+        checks.append(Check("engine", "ok" if ok else "fail", engine.name + ("" if ok else " not usable"),
+                            "" if ok else engine.missing_hint()))
+    except (ToolError, UserError) as exc:
+        engine = None
+        checks.append(Check("engine", "fail", "no container engine", str(exc)))
+    image, platform, stack = resolve_target(args, engine if engine and engine.name in IMAGE_ENGINES and engine.available() else None)
+    if platform == "rocm":
+        for dev in ("/dev/kfd", "/dev/dri"):
+            checks.append(Check(dev, "ok" if os.path.exists(dev) else "fail",
+                                "present" if os.path.exists(dev) else "missing",
+                                "load the amdgpu driver (`modprobe amdgpu`); on Strix Halo use a kernel >= 6.14"))
+        if os.geteuid() != 0:
+            mine = {grp.getgrgid(g).gr_name for g in os.getgroups() if _gid_ok(g)}
+            for g in ("video", "render"):
+                checks.append(Check(f"group {g}", "ok" if g in mine else "fail",
+                                    "member" if g in mine else "not a member",
+                                    f"sudo usermod -aG {g} $USER, then log in again"))
+    info = None
+    if engine is not None and engine.available():
+        info = engine.image_info(image)
+        if info is None:
+            checks.append(Check("image", "fail", f"{image} not found in {engine.name}",
+                                f"toolbox build{' --stack ' + args.stack if args.stack else ''}"))
+        else:
+            checks.append(Check("image", "ok", f"{image} ({info['id'][:12]})"))
+            if stack is not None:
+                checks += label_checks(info.get("labels") or {}, stack)
+    return checks, engine, image, platform, stack, info
+
+
+def _gid_ok(g: int) -> bool:
+    try:
+        grp.getgrgid(g)
+        return True
+    except KeyError:
+        return False
+
+
+def run(args) -> int:
+    from toolbox_train import doctor as probe
+
+    if in_container():
+        argv = ["--json"] if args.json else []
+        if args.platform:
+            argv += ["--expect-platform", args.platform]
+        return probe.main(argv)
+    checks, engine, image, platform, stack, info = host_checks(args)
+    failed = [c for c in checks if c.status == "fail"]
+    if args.json:
+        print(json.dumps({"ok": not failed, "checks": [c.__dict__ for c in checks]}, indent=1))
+    else:
+        print(probe.render(checks))
+    rc = 1 if failed else 0
+    if args.in_image and info is not None:
+        from toolbox.runtime import check_rocm_host, run_spec
+
+        if platform == "rocm":
+            check_rocm_host()
+        cmd = ["python", "-m", "toolbox_train.doctor", "--expect-platform", platform]
+        for t in (stack.gpu_targets if stack is not None else []):
+            cmd += ["--gpu-target", t]
+        if args.json:
+            cmd.append("--json")
+        spec = run_spec(engine=engine.name, platform=platform, image=image, command=cmd)
+        sys.stdout.flush()
+        rc = max(rc, engine.run(spec))
+    if not args.json:
+        print("doctor: all good" if rc == 0 else "doctor: problems found (see fix: lines)")
+    return rc
