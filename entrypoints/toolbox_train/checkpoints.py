@@ -1,0 +1,70 @@
+"""Checkpoint folders: complete ones are `checkpoint-N`, written as `.partial/checkpoint-N`
+and renamed when whole; resume takes the newest one that passes a sanity check."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+PREFIX = "checkpoint-"
+PARTIAL = ".partial"
+WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json",
+                "pytorch_model_fsdp_0", "pytorch_model.bin")
+
+
+def _step(p: Path) -> int | None:
+    m = re.fullmatch(rf"{PREFIX}(\d+)", p.name)
+    return int(m.group(1)) if m else None
+
+
+def listed(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    cps = [p for p in root.iterdir() if p.is_dir() and _step(p) is not None]
+    return sorted(cps, key=lambda p: _step(p))
+
+
+def problem(cp: Path) -> str | None:
+    """Why `cp` cannot be resumed from, or None when it looks whole."""
+    state = cp / "trainer_state.json"
+    try:
+        json.loads(state.read_text())
+    except FileNotFoundError:
+        return "no trainer_state.json"
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "trainer_state.json is corrupt"
+    weights = [cp / w for w in WEIGHT_FILES if (cp / w).exists()]
+    if not weights:
+        return "no model or adapter weights"
+    for w in weights:
+        if w.suffix == ".safetensors":
+            try:
+                from safetensors import safe_open
+
+                with safe_open(str(w), framework="pt") as f:
+                    f.keys()
+            except Exception as exc:  # safetensors raises its own error types
+                return f"{w.name} is corrupt ({exc})"
+    if not (cp / "optimizer.pt").exists() and not any(cp.glob("optimizer*")):
+        return "no optimizer state"
+    return None
+
+
+def newest_complete(root: Path, warn=lambda m: print(m, file=sys.stderr)) -> Path | None:
+    partial = root / PARTIAL
+    if partial.is_dir() and any(partial.iterdir()):
+        warn(f"finetune: warning: skipping incomplete checkpoint(s) in {partial}")
+    for cp in reversed(listed(root)):
+        why = problem(cp)
+        if why is None:
+            return cp
+        warn(f"finetune: warning: skipping checkpoint {cp}: {why}")
+    return None
+
+
+def rotate(root: Path, keep: int) -> None:
+    for cp in listed(root)[:-keep]:
+        shutil.rmtree(cp, ignore_errors=True)

@@ -1,0 +1,151 @@
+"""The train.yaml schema (pydantic v2): unknown keys are refused with their field path."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import UserError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelCfg(_Strict):
+    path: str = Field(description="local directory or hub id")
+    revision: str | None = None
+    trust_remote_code: bool = False
+    attn_implementation: str | None = Field(None, description="sdpa, eager, flash_attention_2 ...")
+
+
+class DataCfg(_Strict):
+    path: str = Field(description="JSONL/Parquet/CSV file, a saved `datasets` folder, or a hub id")
+    format: Literal["auto", "text", "alpaca", "messages"] = "auto"
+    split: str = "train"
+    text_field: str = "text"
+    eval_path: str | None = None
+    eval_split: float = Field(0.0, ge=0.0, lt=1.0, description="fraction held out for eval when eval_path is unset")
+    max_seq_length: int = Field(1024, gt=0)
+    packing: bool = False
+    shuffle: bool = True
+
+
+class LoraCfg(_Strict):
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class TrainCfg(_Strict):
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = Field(-1, description="-1: run `epochs` epochs")
+    per_device_batch_size: int = Field(1, gt=0)
+    batch_size: int | None = Field(
+        None, gt=0, description="global batch (all ranks); sets gradient_accumulation_steps"
+    )
+    gradient_accumulation_steps: int = Field(1, gt=0)
+    learning_rate: float = Field(2e-4, gt=0)
+    lr_scheduler: str = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    optimizer: str = "adamw_torch"
+    max_grad_norm: float = Field(1.0, ge=0.0)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    seed: int = 42
+    gradient_checkpointing: bool | Literal["unsloth"] = True
+    liger: bool | Literal["auto"] = "auto"
+
+
+class OutputCfg(_Strict):
+    dir: str
+    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: none")
+    keep_checkpoints: int = Field(2, gt=0, description="keep the newest K checkpoints")
+    save: Literal["adapter", "merged", "both"] = "adapter"
+    logging_steps: int = Field(1, gt=0)
+    eval_steps: int | None = Field(None, gt=0)
+    tensorboard: bool = False
+    progress_bar: bool = True
+
+
+class TrainConfig(_Strict):
+    model: ModelCfg
+    data: DataCfg
+    method: Literal["full", "lora", "qlora", "lora-8bit"] = "lora"
+    lora: LoraCfg = LoraCfg()
+    backend: Literal["auto", "hf", "unsloth"] = "auto"
+    train: TrainCfg = TrainCfg()
+    output: OutputCfg
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
+
+
+def _parse_value(raw: str) -> Any:
+    # YAML scalars, so `--set train.learning_rate=1e-4` and `--set data.packing=true` type themselves.
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected key.path=value")
+        node = data
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise UserError(f"--set {item!r}: {p!r} is not a section")
+            node = nxt
+        node[parts[-1]] = _parse_value(raw)
+    return data
+
+
+def _fmt_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{source}: {loc}: unknown key")
+        elif err["type"] == "missing":
+            lines.append(f"{source}: {loc}: required")
+        else:
+            lines.append(f"{source}: {loc}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(config: dict | str | Path, overrides: Sequence[str] = ()) -> tuple[TrainConfig, Path]:
+    """Return the validated config and the folder relative paths in it are resolved against."""
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        source = str(path)
+        if not path.is_file():
+            raise UserError(f"{path}: config file not found")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"{path}: not valid YAML: {exc}") from None
+        base = path.resolve().parent
+    else:
+        data, source, base = config, "config", Path.cwd()
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a mapping at the top level")
+    data = apply_overrides(data, overrides)
+    try:
+        cfg = TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(_fmt_errors(exc, source)) from None
+    return cfg, base
