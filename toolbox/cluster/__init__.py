@@ -1,0 +1,1 @@
+"""Multi-node training over SSH: `toolbox cluster launch|check`."""

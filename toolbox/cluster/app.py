@@ -1,0 +1,162 @@
+"""`toolbox cluster launch` and `toolbox cluster check`."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import shlex
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from toolbox.cluster.hosts import resolve_hosts
+from toolbox.cluster.nodecmd import launch_argv, node_env, substitute, wrap_via
+from toolbox.cluster.probe import HostInfo, Prober, differences
+from toolbox.cluster.runner import NodeJob, Runner, failure_reason
+from toolbox.cluster.ssh import SshClient
+from toolbox.errors import ToolError, UserError
+
+# What `cluster check` runs on every node through `launch`: a sum all-reduce with timings.
+CHECK_COMMAND = ["rccl-check", "--allreduce"]
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _setup(args: argparse.Namespace):
+    hosts = resolve_hosts(args.hosts, Path(args.hostfile) if args.hostfile else None)
+    ssh = SshClient(Path(args.ssh_config) if args.ssh_config else None, list(args.ssh_option or []))
+    if args.via == "podman" and not args.image:
+        raise UserError("--via podman needs --image IMAGE (the same tag on every host)")
+    if args.via in ("toolbx", "distrobox") and not args.container:
+        raise UserError(f"--via {args.via} needs --container NAME")
+    target = args.image if args.via == "podman" else (args.container or "")
+    base_env = {}
+    if args.remote_path:
+        base_env["TOOLBOX_PATH_PREFIX"] = args.remote_path
+    prober = Prober(ssh, args.via, target, base_env)
+    return hosts, ssh, prober, target
+
+
+def _host_table(infos: list[HostInfo], master_addr: str) -> Table:
+    table = Table(title=f"cluster (master {master_addr})")
+    for col in ("host", "rank", "hostname", "interface", "address", "MTU", "devices"):
+        table.add_column(col)
+    for rank, info in enumerate(infos):
+        dev = info.host.ifname or "-"
+        table.add_row(info.host.destination, str(rank), info.hostname, dev, info.addr_on(dev) or "-",
+                      str(info.mtu.get(dev, "-")), " ".join(info.devices + [f"rdma:{r}" for r in info.rdma]) or "-")
+    return table
+
+
+def _verify_same(console: Console, infos: list[HostInfo], via: str, allow: bool) -> None:
+    rows = differences(infos)
+    if not rows:
+        what = "package versions" if via == "none" else "image id, digest and pins"
+        console.print(f"cluster: all {len(infos)} hosts have the same {what}", markup=False)
+        return
+    table = Table(title="hosts differ")
+    table.add_column("what")
+    for info in infos:
+        table.add_column(info.host.destination)
+    for key, values in rows:
+        table.add_row(key, *values)
+    console.print(table)
+    if not allow:
+        raise ToolError(f"{len(rows)} difference(s) between hosts (table above); make them match,"
+                        " or pass --allow-mismatch to start anyway")
+
+
+def _mtu_note(console: Console, infos: list[HostInfo]) -> None:
+    mtus = {info.mtu.get(info.host.ifname or "", 0) for info in infos}
+    if len(mtus) > 1:
+        console.print(f"cluster: warning: MTUs differ across hosts ({sorted(mtus)}); jumbo frames need the same MTU end to end",
+                      markup=False)
+
+
+def _run_nodes(args, console, ssh, infos, master_addr, target, command, resume_hint: str | None) -> int:
+    run_id = secrets.token_hex(4)
+    jobs = []
+    for rank, info in enumerate(infos):
+        env = node_env(info, rank, run_id, args.transport, list(args.env or []), args.remote_path, args.workdir)
+        cmd = substitute(command, rank, info.host.destination, len(infos))
+        argv = launch_argv(args.strategy, len(infos), rank, master_addr, args.master_port, args.transport,
+                           args.nproc, args.sync, args.cpu, cmd)
+        jobs.append(NodeJob(info.host, rank, wrap_via(args.via, target, info, env, argv, args.transport, args.workdir), env))
+    console.print(f"cluster: run {run_id}: starting {len(jobs)} nodes: "
+                  + ", ".join(f"{j.host.destination}=rank {j.rank}" for j in jobs), markup=False)
+    outcome = Runner(ssh, console).run(jobs)
+    if outcome.returncode == 0:
+        console.print(f"cluster: all {len(jobs)} nodes finished", markup=False)
+        return 0
+    if outcome.interrupted:
+        console.print("cluster: interrupted; stopped " + (", ".join(j.host.destination for j in outcome.stopped) or "nothing"),
+                      markup=False)
+    for j in outcome.failed:
+        console.print(f"cluster: FAILED: {j.host.destination} (node rank {j.rank}): {failure_reason(j)}", markup=False)
+    if outcome.stopped and not outcome.interrupted:
+        console.print("cluster: stopped " + ", ".join(j.host.destination for j in outcome.stopped), markup=False)
+    if resume_hint:
+        console.print(f"cluster: to resume from the last checkpoint: {resume_hint}", markup=False)
+    return outcome.returncode
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UserError("no command: give it after `--`, e.g. -- finetune --config train.yaml")
+    if args.resume and "--resume" not in command:
+        command.append("--resume")
+    console = _console()
+    hosts, ssh, prober, target = _setup(args)
+    infos, master_addr = prober.probe_all(hosts)
+    console.print(_host_table(infos, master_addr))
+    _verify_same(console, infos, args.via, args.allow_mismatch)
+    _mtu_note(console, infos)
+    hint_argv = [a for a in sys.argv[1:] if a != "--resume"]
+    if "--" in hint_argv:
+        hint_argv.insert(hint_argv.index("--"), "--resume")
+    else:
+        hint_argv.append("--resume")
+    hint = "toolbox " + shlex.join(hint_argv) if command[0] == "finetune" else None
+    return _run_nodes(args, console, ssh, infos, master_addr, target, command, hint)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    console = _console()
+    hosts, ssh, prober, target = _setup(args)
+    console.print(f"cluster: SSH: reaching {len(hosts)} hosts", markup=False)
+    infos, master_addr = prober.probe_all(hosts)
+    console.print(f"cluster: SSH ok on {', '.join(h.destination for h in hosts)}", markup=False)
+    console.print(_host_table(infos, master_addr))
+    _verify_same(console, infos, args.via, args.allow_mismatch)
+    _mtu_note(console, infos)
+    command = list(CHECK_COMMAND) + ["--size-mib", str(args.size_mib), "--iters", str(args.iters)]
+    return _run_nodes(args, console, ssh, infos, master_addr, target, command, None)
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hosts", help="comma-separated [user@]host[:port]; the first is the master")
+    p.add_argument("--hostfile", help="one host per line (addr=IP ifname=IF optional); read before --hosts")
+    p.add_argument("--transport", choices=("ethernet", "rdma"), default="ethernet")
+    p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
+    p.add_argument("--via", choices=("podman", "toolbx", "distrobox", "none"), default="podman",
+                   help="run in the image with podman, in an existing toolbx/distrobox container, or bare")
+    p.add_argument("--image", help="image tag for --via podman (must be the same image on every host)")
+    p.add_argument("--container", help="container name for --via toolbx/distrobox")
+    p.add_argument("--ssh-config", "-F", help="ssh_config file to use instead of ~/.ssh/config")
+    p.add_argument("--ssh-option", "-o", action="append", metavar="KEY=VALUE", help="extra ssh -o option (repeatable)")
+    p.add_argument("--env", action="append", metavar="NAME",
+                   help="forward this variable's value (over SSH stdin, never argv); HF_TOKEN etc. go by default")
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--nproc", type=int, help="processes per node (default: launch decides, one per GPU)")
+    p.add_argument("--sync", help="gradient sync: every-step or local-sgd:K (passed to launch)")
+    p.add_argument("--cpu", action="store_true", help="train on CPU with gloo (tests, no GPU)")
+    p.add_argument("--remote-path", help="directory put first on PATH on every host (e.g. a venv's bin) for --via none")
+    p.add_argument("--workdir", help="directory to run in on every host (mounted at the same path with podman)")
+    p.add_argument("--allow-mismatch", action="store_true", help="start even if hosts differ in image or packages")
