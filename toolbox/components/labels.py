@@ -1,0 +1,28 @@
+"""Labels at the very end: OCI, toolbx, the stack and lock digest, one per pin."""
+
+from toolbox.components import Component
+
+
+def labels(stack) -> dict[str, str]:
+    img = stack.image
+    out = {
+        "com.github.containers.toolbox": "true",
+        "org.opencontainers.image.description": img.description or stack.description,
+        "org.opencontainers.image.licenses": img.licenses,
+        "org.opencontainers.image.source": img.source,
+        "org.opencontainers.image.title": f"{img.title}-{stack.name}",
+        "org.opencontainers.image.vendor": img.vendor,
+        "org.opencontainers.image.version": stack.lock_digest(),
+        "io.github.toolbox.stack": stack.name,
+        "io.github.toolbox.lock-digest": stack.lock_digest(),
+        "io.github.toolbox.platform": stack.platform,
+    }
+    if stack.base.digest:
+        out["org.opencontainers.image.base.digest"] = stack.base.digest
+    out["org.opencontainers.image.base.name"] = stack.base.image
+    for pin, value in stack.lock().items():
+        out[f"io.github.toolbox.{pin}"] = value
+    return dict(sorted(out.items()))
+
+
+COMPONENT = Component("labels", applies=lambda s: True, pins=lambda s: {"platform": s.platform}, runtime="runtime/labels.j2")
