@@ -1,0 +1,193 @@
+"""`toolbox bump`: resolve a new release and rewrite the stack's pins, so every build stays pinned.
+
+- rocm: the newest (or --to VERSION) TheRock tarball for the stack's first GPU target, found in
+  an index page, downloaded and hashed.
+- rccl, bitsandbytes, unsloth, unsloth_zoo, therock: a git ref (--to TAG|BRANCH, default the
+  remote's HEAD) resolved to its 40-hex commit with `git ls-remote`.
+- base: an image tag resolved to its manifest digest through the registry's v2 API.
+
+The file is edited line by line (comments stay), re-validated, then written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from toolbox.errors import ToolError, UserError
+from toolbox.render import atomic_write
+from toolbox.stack import _Origin, _read_yaml, load_stack, resolve_ref
+
+GIT_FIELDS = {
+    "rccl": ("rccl", "repo", "commit"),
+    "bitsandbytes": ("bitsandbytes", "repo", "commit"),
+    "unsloth": ("unsloth", "repo", "commit"),
+    "unsloth_zoo": ("unsloth", "zoo_repo", "zoo_commit"),
+    "therock": ("rocm.therock", "repo", "commit"),
+}
+COMPONENTS = sorted(["rocm", "base", *GIT_FIELDS])
+
+
+def _open(url: str, method: str = "GET", headers: dict | None = None):
+    req = urllib.request.Request(url, method=method, headers=headers or {})
+    try:
+        return urllib.request.urlopen(req, timeout=60)
+    except (urllib.error.URLError, OSError) as exc:
+        raise ToolError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def sha256_url(url: str) -> str:
+    h = hashlib.sha256()
+    with _open(url) as resp:
+        for chunk in iter(lambda: resp.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_tarball(index_url: str, target: str, to: str | None) -> tuple[str, str]:
+    """(version, url) of the tarball for target: exactly --to, or the highest version listed."""
+    base = index_url if index_url.endswith("/") else index_url + "/"
+    with _open(base) as resp:
+        page = resp.read().decode("utf-8", "replace")
+    pat = re.compile(rf"therock-dist-linux-{re.escape(target)}-([0-9][0-9A-Za-z.]*)\.tar\.gz")
+    found = {}
+    for v in set(pat.findall(page)):
+        try:
+            found[v] = Version(v)
+        except InvalidVersion:
+            continue
+    if not found:
+        raise ToolError(f"{base}: lists no therock-dist-linux-{target}-*.tar.gz")
+    if to and to != "latest":
+        if to not in found:
+            raise UserError(f"--to {to}: {base} has no tarball for {target} at that version "
+                            f"(it lists {', '.join(sorted(found, key=found.get))})")
+        version = to
+    else:
+        version = max(found, key=found.get)
+    return version, urllib.parse.urljoin(base, f"therock-dist-linux-{target}-{version}.tar.gz")
+
+
+def resolve_git(repo: str, ref: str | None) -> str:
+    ref = ref or "HEAD"
+    if ref == "latest":
+        ref = "HEAD"
+    try:
+        out = subprocess.run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], capture_output=True,
+                             text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolError(f"git ls-remote {repo}: {exc}") from None
+    if out.returncode != 0:
+        raise ToolError(f"git ls-remote {repo} {ref}: {out.stderr.strip()}")
+    rows = [line.split("\t") for line in out.stdout.splitlines() if "\t" in line]
+    # An annotated tag's peeled line (^{}) names the commit; prefer it.
+    peeled = [sha for sha, name in rows if name.endswith("^{}")]
+    exact = [sha for sha, name in rows if name in (ref, f"refs/heads/{ref}", f"refs/tags/{ref}")]
+    for cands in (peeled, exact, [sha for sha, _ in rows]):
+        if cands:
+            return cands[0]
+    raise UserError(f"--to {ref}: no such ref in {repo}")
+
+
+def resolve_digest(image: str, registry_url: str | None = None) -> str:
+    """Manifest digest of image (registry/name:tag) via the registry's v2 API (anonymous)."""
+    ref, _, tag = image.rpartition(":")
+    host, _, name = ref.partition("/")
+    if "." not in host and ":" not in host:
+        host, name = "registry-1.docker.io", ref
+    if host == "docker.io":
+        host = "registry-1.docker.io"
+        if "/" not in name:
+            name = f"library/{name}"
+    base = registry_url or f"https://{host}"
+    accept = ", ".join([
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ])
+    with _open(f"{base}/v2/{name}/manifests/{tag}", method="HEAD", headers={"Accept": accept}) as resp:
+        digest = resp.headers.get("Docker-Content-Digest")
+    if not digest or not re.match(r"^sha256:[0-9a-f]{64}$", digest):
+        raise ToolError(f"{base}: no Docker-Content-Digest for {image}")
+    return digest
+
+
+def _yaml_scalar(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if re.match(r"^[0-9]", str(value)) else str(value)
+
+
+def edit_fields(path: Path, changes: dict[str, object]) -> str:
+    """Rewrite `key: value` lines for dotted field paths in the file; each must be written there."""
+    origin = _Origin()
+    _read_yaml(path, origin)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    for dotted, value in changes.items():
+        key = tuple(dotted.split("."))
+        if key not in origin.lines:
+            raise UserError(f"{path}: {dotted}: not written in this file (add it, then bump)")
+        n = origin.lines[key][1] - 1
+        m = re.match(r"^(\s*(?:-\s+)?" + re.escape(key[-1]) + r":)(\s*)([^#\n]*?)(\s+#[^\n]*)?(\n?)$", lines[n])
+        if not m:
+            raise ToolError(f"{path}:{n + 1}: {dotted}: cannot edit this line in place")
+        lines[n] = f"{m.group(1)} {_yaml_scalar(value)}{m.group(4) or ''}{m.group(5)}"
+    return "".join(lines)
+
+
+def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: str | None = None,
+         registry_url: str | None = None) -> dict[str, object]:
+    if component not in COMPONENTS:
+        raise UserError(f"bump: unknown component {component!r}; one of {', '.join(COMPONENTS)}")
+    path = resolve_ref(stack_ref)
+    stack = load_stack(str(path))
+    changes: dict[str, object] = {}
+    if component == "rocm":
+        if stack.rocm is None or stack.rocm.source != "tarball":
+            raise UserError(f"{path}: rocm: bump rocm needs a tarball ROCm (use `bump therock` for source)")
+        index = index_url or stack.rocm.tarball.url.rsplit("/", 1)[0] + "/"
+        version, url = resolve_tarball(index, stack.gpu_targets[0], to)
+        changes = {"rocm.version": version, "rocm.tarball.url": url, "rocm.tarball.sha256": sha256_url(url),
+                   "rocm.tarball.unverified": False}
+    elif component == "base":
+        image = stack.base.image
+        if to and to != "latest":
+            image = f"{image.rpartition(':')[0]}:{to}"
+            changes["base.image"] = image
+        changes.update({"base.digest": resolve_digest(image, registry_url), "base.unverified": False})
+    else:
+        block, repo_field, commit_field = GIT_FIELDS[component]
+        obj = stack.model
+        for part in block.split("."):
+            obj = getattr(obj, part, None) if obj is not None else None
+        if obj is None:
+            raise UserError(f"{path}: {block}: this stack has no such block")
+        changes[f"{block}.{commit_field}"] = resolve_git(getattr(obj, repo_field), to)
+        if hasattr(obj, "unverified") and component != "unsloth_zoo":
+            changes[f"{block}.unverified"] = False
+    changes = {k: v for k, v in changes.items() if k.endswith("unverified") is False or _has(path, k)}
+    text = edit_fields(path, changes)
+    tmp = path.with_name(f".{path.name}.bump")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        load_stack(str(tmp))
+    finally:
+        tmp.unlink(missing_ok=True)
+    atomic_write(path, text)
+    return changes
+
+
+def _has(path: Path, dotted: str) -> bool:
+    origin = _Origin()
+    _read_yaml(path, origin)
+    return tuple(dotted.split(".")) in origin.lines

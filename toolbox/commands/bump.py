@@ -1,0 +1,22 @@
+"""`toolbox bump COMPONENT [--to VERSION|REF|latest]`: resolve a release and rewrite the stack's pins."""
+
+from __future__ import annotations
+
+from toolbox.bump import COMPONENTS, bump
+
+
+def run(args) -> int:
+    changes = bump(args.component, args.stack, args.to, index_url=args.index_url, registry_url=args.registry_url)
+    for k, v in changes.items():
+        print(f"{k}: {v}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bump", help="resolve a new release of a component and rewrite the stack's pins")
+    p.add_argument("component", choices=COMPONENTS)
+    p.add_argument("--stack", metavar="NAME|PATH", default=None, help="stack to edit (default gfx1151)")
+    p.add_argument("--to", metavar="VERSION|REF|latest", default=None, help="a version, git ref or image tag")
+    p.add_argument("--index-url", default=None, help="rocm: the tarball index page (default: the pinned URL's folder)")
+    p.add_argument("--registry-url", default=None, help="base: registry base URL (default https://<registry host>)")
+    p.set_defaults(func=run)
