@@ -108,17 +108,17 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
-def pick_backend(cfg: TrainConfig, gpu: bool) -> str:
+def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool) -> str:
     have_unsloth = importlib.util.find_spec("unsloth") is not None
     if cfg.backend == "unsloth":
-        if using_fsdp():
+        if fsdp:
             raise UserError("backend: unsloth does not support FSDP; use `--strategy ddp` or backend: hf")
         if not gpu or not have_unsloth:
             raise UserError("backend: unsloth needs the unsloth package and a GPU "
                             f"(unsloth installed: {have_unsloth}, GPU: {gpu}); use backend: hf or auto")
         return "unsloth"
     if cfg.backend == "auto":
-        return "unsloth" if (gpu and have_unsloth and not using_fsdp()) else "hf"
+        return "unsloth" if (gpu and have_unsloth and not fsdp) else "hf"
     return "hf"
 
 
@@ -146,7 +146,8 @@ def batch_plan(cfg: TrainConfig, world: int) -> int:
 
 
 def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite: bool = False,
-         world_size: int | None = None, check_output: bool = True) -> Plan:
+         world_size: int | None = None, check_output: bool = True, fsdp: bool | None = None,
+         gpu: bool | None = None, import_backend: bool = True) -> Plan:
     """All the cheap checks, in order; raises UserError on the first bad input."""
     cfg, base = load_config(config, overrides)
     if resume and overwrite:
@@ -159,15 +160,16 @@ def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite:
         if why:
             raise UserError(why)
     grad_accum = batch_plan(cfg, world)
-    gpu = gpu_available()
-    backend = pick_backend(cfg, gpu)
+    fsdp = using_fsdp() if fsdp is None else fsdp
+    gpu = gpu_available() if gpu is None else gpu
+    backend = pick_backend(cfg, gpu, fsdp)
     if cfg.method in ("qlora", "lora-8bit"):
         if not gpu or importlib.util.find_spec("bitsandbytes") is None:
             raise UserError(f"method: {cfg.method} needs bitsandbytes and a GPU for quantized weights "
                             f"(GPU: {gpu}); use lora or full here")
-        if using_fsdp() and cfg.method == "lora-8bit":
+        if fsdp and cfg.method == "lora-8bit":
             raise UserError("method: lora-8bit does not shard under FSDP; use qlora or lora")
-    if backend == "unsloth":
+    if backend == "unsloth" and import_backend:
         import unsloth  # noqa: F401  (must come before transformers/trl/peft to patch them)
     model_path = resolve_model(cfg, base)
     mc = load_model_config(model_path, cfg)
@@ -561,6 +563,10 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     finally:
         trainer.finish_local_sgd()
     save_final(p, trainer, tok)
+    if trainer.accelerator.num_processes > 1:
+        # Every rank must end with the same weights (DDP, or LocalSGD after its last average).
+        summary["rank_weight_sha256"] = trainer.accelerator.gather_for_metrics(
+            [weights_digest(trainer.accelerator.unwrap_model(trainer.model))], use_gather_object=True)
     summary["peak_mem_gib"] = round(peak_mem_gib(), 4)
     summary.setdefault("steps", trainer.state.global_step)
     summary.setdefault("first_loss", None)
@@ -568,6 +574,16 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     if trainer.is_world_process_zero():
         _atomic_write(p.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def weights_digest(model) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, prm in sorted(model.named_parameters(), key=lambda x: x[0]):
+        h.update(name.encode())
+        h.update(prm.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def save_final(p: Plan, trainer, tok) -> None:

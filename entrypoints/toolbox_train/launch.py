@@ -1,0 +1,220 @@
+"""`launch --strategy ddp|fsdp [...] -- finetune --config train.yaml [...]`.
+
+Checks the training config for the world size it will run at, writes the accelerate config
+for the strategy into `<output.dir>/launch/`, sets the network environment for multi-node
+runs, prints what it resolved, then runs `accelerate launch` (torchrun underneath).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ToolError, UserError
+
+HERE = Path(__file__).resolve().parent
+RDMA_ENV = {  # RoCE defaults that held up on Strix Halo clusters; any already set win
+    "NCCL_IB_DISABLE": "0",
+    "NCCL_IB_TIMEOUT": "23",
+    "NCCL_IB_RETRY_CNT": "7",
+    "NCCL_IB_GID_INDEX": "3",
+}
+
+
+def shipped_config(name: str) -> Path:
+    for d in (HERE / "accelerate", HERE.parent / "accelerate"):
+        if (d / name).is_file():
+            return d / name
+    raise ToolError(f"shipped accelerate config {name} not found next to {HERE}")
+
+
+def parse_sync(value: str) -> str:
+    if value == "every-step":
+        return value
+    k = value.split(":", 1)[1] if value.startswith("local-sgd:") else ""
+    if not k.isdigit() or int(k) < 1:
+        raise UserError(f"--sync {value!r}: expected every-step or local-sgd:K with K >= 1")
+    return f"local-sgd:{int(k)}"
+
+
+def interface_for(addr: str) -> str:
+    """The local interface whose address the kernel picks to reach `addr`."""
+    import psutil
+
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError as exc:
+        raise UserError(f"--master-addr {addr}: cannot resolve: {exc}") from None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((ip, 9))  # UDP connect sends nothing; it only asks the routing table
+        except OSError as exc:
+            raise UserError(f"--master-addr {addr}: no route: {exc}") from None
+        local = s.getsockname()[0]
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name
+    raise UserError(f"--master-addr {addr}: no interface holds the local address {local}; pass --ifname")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def decoder_layer_classes(model_config) -> str:
+    import transformers
+
+    names: list[str] = []
+    for arch in getattr(model_config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        names += [n for n in (getattr(cls, "_no_split_modules", None) or []) if n.endswith("Layer")]
+    if not names:
+        raise UserError(f"fsdp: cannot tell the decoder-layer class of {getattr(model_config, 'architectures', None)}"
+                        "; no _no_split_modules on the model class")
+    return ",".join(dict.fromkeys(names))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="launch", usage="launch --strategy ddp|fsdp [options] -- finetune --config X [...]",
+                                 description="Run finetune across processes and nodes through accelerate.")
+    ap.add_argument("--strategy", choices=["ddp", "fsdp"], required=True)
+    ap.add_argument("--nproc", type=int, default=None, help="processes on this node (default: GPUs, or 2 on CPU)")
+    ap.add_argument("--nnodes", type=int, default=1)
+    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--master-addr", default=None)
+    ap.add_argument("--master-port", type=int, default=None)
+    ap.add_argument("--transport", choices=["ethernet", "rdma"], default="ethernet")
+    ap.add_argument("--ifname", default=None, help="network interface (default: the one that routes to the master)")
+    ap.add_argument("--sync", default="every-step", help="every-step (default) or local-sgd:K")
+    ap.add_argument("--cpu", action="store_true", help="CPU only, gloo (hides GPUs from the ranks)")
+    ap.add_argument("--max-restarts", type=int, default=0)
+    ap.add_argument("--dry-run", action="store_true", help="resolve, write and print the settings; do not run")
+    return ap
+
+
+def resolve(argv: list[str]) -> dict[str, Any]:
+    if "--" not in argv:
+        raise UserError("expected `-- finetune --config X ...` after the launch options")
+    i = argv.index("--")
+    args = build_parser().parse_args(argv[:i])
+    cmd = argv[i + 1:]
+    if not cmd or Path(cmd[0]).name != "finetune":
+        raise UserError(f"after --: expected `finetune ...`, got {shlex.join(cmd) or 'nothing'}")
+    from . import finetune
+
+    ft = finetune.build_parser().parse_args(cmd[1:])
+    for name, v in (("--nnodes", args.nnodes), ("--max-restarts", args.max_restarts + 1)):
+        if v < 1:
+            raise UserError(f"{name}: must be >= {1 if name == '--nnodes' else 0}")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise UserError(f"--node-rank {args.node_rank}: must be in 0..{args.nnodes - 1}")
+    if args.nnodes > 1 and (not args.master_addr or not args.master_port):
+        raise UserError("--nnodes > 1 needs --master-addr and --master-port")
+    sync = parse_sync(args.sync)
+
+    if args.cpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported here
+    import torch
+
+    gpus = torch.cuda.device_count() if not args.cpu else 0
+    cpu = args.cpu or gpus == 0
+    if args.strategy == "fsdp" and cpu and not args.dry_run:
+        raise UserError("--strategy fsdp needs GPUs (accelerate refuses FSDP on CPU); use --strategy ddp --cpu")
+    if sync != "every-step" and args.strategy == "fsdp":
+        raise UserError("--sync local-sgd works with ddp only (accelerate's LocalSGD averages whole parameters)")
+    nproc = args.nproc or (gpus or 2)
+    if nproc < 1:
+        raise UserError("--nproc: must be >= 1")
+    world = nproc * args.nnodes
+
+    # Everything the ranks would refuse, refused here first: before any process starts.
+    p = finetune.plan(ft.config, ft.set, resume=ft.resume, overwrite=ft.overwrite, world_size=world,
+                      fsdp=args.strategy == "fsdp", gpu=not cpu, import_backend=False)
+
+    template = {"ddp": "ddp-cpu.yaml" if cpu else "ddp.yaml", "fsdp": "fsdp.yaml"}[args.strategy]
+    acc = yaml.safe_load(shipped_config(template).read_text())
+    multinode = args.nnodes > 1
+    acc.update(num_processes=world, num_machines=args.nnodes, machine_rank=args.node_rank,
+               main_process_ip=args.master_addr or "127.0.0.1",
+               main_process_port=args.master_port or free_port(),
+               rdzv_backend="c10d" if multinode else "static", same_network=True)
+    if args.strategy == "fsdp":
+        acc["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] = decoder_layer_classes(p.model_config)
+        acc["fsdp_config"]["fsdp_activation_checkpointing"] = bool(p.cfg.train.gradient_checkpointing)
+    if p.precision in ("bf16", "fp16"):
+        acc["mixed_precision"] = p.precision
+
+    env: dict[str, str] = {"TOOLBOX_SYNC": sync}
+    if cpu:
+        env.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
+    ifname = args.ifname or (interface_for(args.master_addr) if (multinode or args.master_addr) else None)
+    if ifname:
+        env.update(NCCL_SOCKET_IFNAME=ifname, GLOO_SOCKET_IFNAME=ifname)
+    if multinode or args.master_addr:
+        env.update({"NCCL_IB_DISABLE": "1"} if args.transport == "ethernet" else RDMA_ENV)
+    for k in list(env):
+        if k in os.environ and k not in ("TOOLBOX_SYNC", "CUDA_VISIBLE_DEVICES"):
+            env[k] = os.environ[k]  # the user's explicit setting wins
+
+    launch_dir = p.out / finetune.LAUNCH_DIR
+    acc_path = launch_dir / "accelerate.yaml"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc_path),
+               "--max_restarts", str(args.max_restarts), "-m", "toolbox_train.finetune", *cmd[1:]]
+    return {"args": args, "plan": p, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,
+            "env": env, "command": command, "world": world, "nproc": nproc, "cpu": cpu}
+
+
+def _atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        r = resolve(argv)
+    except (UserError, ToolError) as exc:
+        print(f"launch: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    a, p = r["args"], r["plan"]
+    settings = {
+        "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",
+        "world_size": r["world"], "nproc_per_node": r["nproc"], "nnodes": a.nnodes, "node_rank": a.node_rank,
+        "master": f"{r['accelerate']['main_process_ip']}:{r['accelerate']['main_process_port']}",
+        "rendezvous": r["accelerate"]["rdzv_backend"], "transport": a.transport, "sync": r["env"]["TOOLBOX_SYNC"],
+        "max_restarts": a.max_restarts, "backend": p.backend, "method": p.cfg.method,
+        "gradient_accumulation_steps": p.grad_accum, "accelerate_config": str(r["acc_path"]),
+        "env": r["env"], "command": shlex.join(r["command"]),
+    }
+    if a.strategy == "fsdp":
+        settings["fsdp_wrap"] = r["accelerate"]["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
+    _atomic(r["acc_path"], yaml.safe_dump(r["accelerate"], sort_keys=False))
+    _atomic(r["launch_dir"] / f"settings.node{a.node_rank}.json", json.dumps(settings, indent=2) + "\n")
+    print("launch: resolved settings", file=sys.stderr)
+    for k, v in settings.items():
+        print(f"  {k}: {v}", file=sys.stderr)
+    sys.stderr.flush()
+    if a.dry_run:
+        return 0
+    env = {**os.environ, **r["env"]}
+    try:
+        return subprocess.call(r["command"], env=env)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
