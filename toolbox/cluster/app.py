@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 import shlex
 import sys
@@ -18,8 +19,7 @@ from toolbox.cluster.runner import NodeJob, Runner, failure_reason
 from toolbox.cluster.ssh import SshClient
 from toolbox.errors import ToolError, UserError
 
-# What `cluster check` runs on every node through `launch`: a sum all-reduce with timings.
-CHECK_COMMAND = ["rccl-check", "--allreduce"]
+ALLREDUCE_SOURCE = (Path(__file__).parent / "allreduce.py").read_text()
 
 
 def _console() -> Console:
@@ -77,18 +77,17 @@ def _mtu_note(console: Console, infos: list[HostInfo]) -> None:
                       markup=False)
 
 
-def _run_nodes(args, console, ssh, infos, master_addr, target, command, resume_hint: str | None) -> int:
+def _run_nodes(args, console, ssh, infos, master_addr, target, node_argv, resume_hint: str | None,
+               on_line=None) -> int:
     run_id = secrets.token_hex(4)
     jobs = []
     for rank, info in enumerate(infos):
         env = node_env(info, rank, run_id, args.transport, list(args.env or []), args.remote_path, args.workdir)
-        cmd = substitute(command, rank, info.host.destination, len(infos))
-        argv = launch_argv(args.strategy, len(infos), rank, master_addr, args.master_port, args.transport,
-                           args.nproc, args.sync, args.cpu, cmd)
+        argv = node_argv(rank, info)
         jobs.append(NodeJob(info.host, rank, wrap_via(args.via, target, info, env, argv, args.transport, args.workdir), env))
     console.print(f"cluster: run {run_id}: starting {len(jobs)} nodes: "
                   + ", ".join(f"{j.host.destination}=rank {j.rank}" for j in jobs), markup=False)
-    outcome = Runner(ssh, console).run(jobs)
+    outcome = Runner(ssh, console, on_line).run(jobs)
     if outcome.returncode == 0:
         console.print(f"cluster: all {len(jobs)} nodes finished", markup=False)
         return 0
@@ -124,7 +123,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     else:
         hint_argv.append("--resume")
     hint = "toolbox " + shlex.join(hint_argv) if command[0] == "finetune" else None
-    return _run_nodes(args, console, ssh, infos, master_addr, target, command, hint)
+
+    def node_argv(rank: int, info: HostInfo) -> list[str]:
+        cmd = substitute(command, rank, info.host.destination, len(infos))
+        return launch_argv(args.strategy, len(infos), rank, master_addr, args.master_port, args.transport,
+                           args.nproc, args.sync, args.cpu, cmd)
+
+    return _run_nodes(args, console, ssh, infos, master_addr, target, node_argv, hint)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -136,8 +141,39 @@ def cmd_check(args: argparse.Namespace) -> int:
     console.print(_host_table(infos, master_addr))
     _verify_same(console, infos, args.via, args.allow_mismatch)
     _mtu_note(console, infos)
-    command = list(CHECK_COMMAND) + ["--size-mib", str(args.size_mib), "--iters", str(args.iters)]
-    return _run_nodes(args, console, ssh, infos, master_addr, target, command, None)
+
+    # `launch` runs only finetune, so the check starts its one rank per node itself, on the same
+    # SSH path, with the same per-host interface environment and master address.
+    def node_argv(rank: int, info: HostInfo) -> list[str]:
+        argv = ["python3", "-c", ALLREDUCE_SOURCE, "--nnodes", str(len(infos)), "--node-rank", str(rank),
+                "--master-addr", master_addr, "--master-port", str(args.master_port),
+                "--size-mib", str(args.size_mib), "--iters", str(args.iters)]
+        return argv + (["--cpu"] if args.cpu else [])
+
+    results: list[dict] = []
+
+    def on_line(job, line: str) -> None:
+        if job.rank == 0 and line.startswith("ALLREDUCE "):
+            try:
+                results.append(json.loads(line[len("ALLREDUCE "):]))
+            except ValueError:
+                pass
+
+    rc = _run_nodes(args, console, ssh, infos, master_addr, target, node_argv, None, on_line)
+    if not results:
+        raise ToolError("all-reduce check: rank 0 reported no result (see the logs above)")
+    r = results[-1]
+    mtus = ", ".join(f"{i.host.destination} {i.host.ifname} MTU {i.mtu.get(i.host.ifname or '', '?')}" for i in infos)
+    verdict = "correct" if r["ok"] and r["ranks_ok"] == r["world_size"] else "WRONG"
+    console.print(f"cluster check: all-reduce sum {r['sum']:g} (expected {r['expected']:g}) {verdict} on "
+                  f"{r['ranks_ok']}/{r['world_size']} ranks; backend {r['backend']}, transport {args.transport}",
+                  markup=False)
+    console.print(f"cluster check: latency {r['latency_us']} us (8 B); bandwidth {r['algbw_gbps']} GB/s algbw, "
+                  f"{r['busbw_gbps']} GB/s busbw ({r['bytes'] / 2**20:g} MiB, {r['time_ms']} ms)", markup=False)
+    console.print(f"cluster check: interfaces: {mtus}", markup=False)
+    if verdict != "correct":
+        return rc or 1
+    return rc
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

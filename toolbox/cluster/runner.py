@@ -42,8 +42,9 @@ class Outcome:
 
 
 class Runner:
-    def __init__(self, ssh: SshClient, console: Console | None = None):
+    def __init__(self, ssh: SshClient, console: Console | None = None, on_line=None):
         self.ssh = ssh
+        self.on_line = on_line
         self.console = console or Console(highlight=False, soft_wrap=True)
         self._lines: queue.Queue = queue.Queue()
         self._width = 0
@@ -57,6 +58,8 @@ class Runner:
         stream.close()
 
     def _print(self, job: NodeJob, line: str) -> None:
+        if self.on_line is not None:
+            self.on_line(job, line)
         color = _COLORS[job.rank % len(_COLORS)]
         prefix = f"[{job.host.destination}]".ljust(self._width + 2)
         self.console.print(Text.assemble((prefix + " ", color), line), markup=False, highlight=False)
