@@ -1,0 +1,1 @@
+"""RCCL for gfx1151: the ABI check and the patch-series verifier."""
