@@ -1,0 +1,86 @@
+# syntax=docker/dockerfile:1.7
+# Rendered by `toolbox render` from stack "cpu" (lock 03d78945ac43).
+# Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
+# Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
+
+# ---- base: docker.io/library/debian:bookworm-slim, toolbx/distrobox packages, Python venv at /opt/venv ----
+FROM docker.io/library/debian:bookworm-slim AS base
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY scripts/ /opt/toolbox/scripts/
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/os-install.sh debian \
+      bash \
+      ca-certificates \
+      curl \
+      findutils \
+      gzip \
+      hostname \
+      iproute2 \
+      less \
+      passwd \
+      procps \
+      python3 \
+      python3-venv \
+      sudo \
+      tar \
+      util-linux \
+      xz-utils
+RUN python3 -m venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+COPY scripts/profile.sh /etc/profile.d/toolbox.sh
+
+# ---- runtime: only the builder stages' results; no compilers, no sources ----
+FROM base AS runtime
+
+# torch 2.13.0+cpu from https://download.pytorch.org/whl/cpu
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install \
+      --torch-index https://download.pytorch.org/whl/cpu \
+      torch==2.13.0+cpu
+
+# Hugging Face stack; torch is named again so pip cannot swap it
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install \
+      accelerate==1.15.0 \
+      datasets==4.8.4 \
+      peft==0.21.2 \
+      transformers==5.17.0 \
+      trl==1.15.0 \
+      torch==2.13.0+cpu
+
+# the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold
+COPY entrypoints/ /opt/toolbox/entrypoints/
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install --no-deps /opt/toolbox/entrypoints \
+ && /opt/toolbox/scripts/pip.sh check
+COPY stack.lock.yaml /opt/toolbox/stack.lock.yaml
+
+LABEL \
+    com.github.containers.toolbox="true" \
+    io.github.toolbox.accelerate.version="1.15.0" \
+    io.github.toolbox.base.image="docker.io/library/debian:bookworm-slim" \
+    io.github.toolbox.datasets.version="4.8.4" \
+    io.github.toolbox.lock-digest="03d78945ac43" \
+    io.github.toolbox.peft.version="0.21.2" \
+    io.github.toolbox.platform="cpu" \
+    io.github.toolbox.stack="cpu" \
+    io.github.toolbox.torch.index_url="https://download.pytorch.org/whl/cpu" \
+    io.github.toolbox.torch.version="2.13.0+cpu" \
+    io.github.toolbox.transformers.version="5.17.0" \
+    io.github.toolbox.trl.version="1.15.0" \
+    org.opencontainers.image.base.name="docker.io/library/debian:bookworm-slim" \
+    org.opencontainers.image.description="LLM fine-tuning toolbox, CPU build (HF backend)" \
+    org.opencontainers.image.licenses="Apache-2.0" \
+    org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
+    org.opencontainers.image.title="toolbox-cpu" \
+    org.opencontainers.image.vendor="toolbox" \
+    org.opencontainers.image.version="03d78945ac43"
