@@ -558,6 +558,9 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                       processing_class=tok, peft_config=peft_cfg,
                       callbacks=make_callbacks(p, summary) + [_LocalSGDStep()])
+    if len(trainer.train_dataset) == 0:
+        raise UserError(f"data: every example lost its whole completion to truncation at data.max_seq_length "
+                        f"{p.cfg.data.max_seq_length}; raise it")
     try:
         trainer.train(resume_from_checkpoint=str(p.resume_from) if p.resume_from else None)
     finally:

@@ -129,10 +129,6 @@ def resolve(argv: list[str]) -> dict[str, Any]:
 
     gpus = torch.cuda.device_count() if not args.cpu else 0
     cpu = args.cpu or gpus == 0
-    if args.strategy == "fsdp" and cpu and not args.dry_run:
-        raise UserError("--strategy fsdp needs GPUs (accelerate refuses FSDP on CPU); use --strategy ddp --cpu")
-    if sync != "every-step" and args.strategy == "fsdp":
-        raise UserError("--sync local-sgd works with ddp only (accelerate's LocalSGD averages whole parameters)")
     nproc = args.nproc or (gpus or 2)
     if nproc < 1:
         raise UserError("--nproc: must be >= 1")
@@ -141,6 +137,10 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     # Everything the ranks would refuse, refused here first: before any process starts.
     p = finetune.plan(ft.config, ft.set, resume=ft.resume, overwrite=ft.overwrite, world_size=world,
                       fsdp=args.strategy == "fsdp", gpu=not cpu, import_backend=False)
+    if args.strategy == "fsdp" and cpu and not args.dry_run:
+        raise UserError("--strategy fsdp needs GPUs (accelerate refuses FSDP on CPU); use --strategy ddp --cpu")
+    if sync != "every-step" and args.strategy == "fsdp":
+        raise UserError("--sync local-sgd works with ddp only (accelerate's LocalSGD averages whole parameters)")
 
     template = {"ddp": "ddp-cpu.yaml" if cpu else "ddp.yaml", "fsdp": "fsdp.yaml"}[args.strategy]
     acc = yaml.safe_load(shipped_config(template).read_text())
