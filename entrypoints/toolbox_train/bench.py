@@ -100,8 +100,8 @@ class Row:
 
     @property
     def id(self) -> str:
-        opts = "".join(f"+{k}" if v is True else f"+{k}={v}" for k, v in sorted(self.options.items())
-                       if v not in (False, None))
+        opts = "".join(f"+{k}" if v is True else f"+no-{k}" if v is False else f"+{k}={v}"
+                       for k, v in sorted(self.options.items()) if v is not None)
         return f"{self.shape}/{self.kind}-{self.backend}-{self.method}{opts}"
 
     def needs_gpu(self) -> str | None:
@@ -109,8 +109,6 @@ class Row:
             return "Unsloth imports only with a GPU"
         if self.method == "qlora":
             return "bitsandbytes 4-bit needs a GPU"
-        if self.kind == "trl":
-            return "TRL 1.15's SFTTrainer always computes its loss with a Triton kernel (GPU only)"
         if self.kind == "launch":
             return "FSDP needs a GPU (accelerate refuses it on CPU)"
         if self.options.get("liger") or self.options.get("compile"):
@@ -309,16 +307,33 @@ def build_model_dir(shape: str, dest: Path, device: str = "cpu") -> Path:
     return dest
 
 
-def write_text_dataset(path: Path, n: int, words: int, vocab: int, seed: int = 0) -> Path:
-    """JSONL of `text` rows, each `words` random word-tokens long (then truncated to seq)."""
+def write_text_dataset(path: Path, n: int, words: int, vocab: int, seed: int = 0, motif: int = 64) -> Path:
+    """JSONL of `text` rows of `words` word-tokens: a random motif repeated, so loss can fall (copying)."""
     rng = random.Random(seed)
     lo = len(SPECIAL_TOKENS)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         for _ in range(n):
-            f.write(json.dumps({"text": " ".join(f"w{rng.randrange(lo, vocab)}" for _ in range(words))}) + "\n")
+            m = [f"w{rng.randrange(lo, vocab)}" for _ in range(motif)]
+            f.write(json.dumps({"text": " ".join((m * (words // motif + 1))[:words])}) + "\n")
     tmp.replace(path)
     return path
+
+
+def read_token_batches(path: str, batch: int, seq: int, n: int):
+    """The dataset's rows as id tensors (word `w<i>` is id i), so bare loops train on the same data."""
+    import torch
+
+    rows = []
+    with open(path) as f:
+        for line in f:
+            words = json.loads(line)["text"].split()[:seq]
+            rows.append([int(w[1:]) for w in words])
+            if len(rows) == batch * n:
+                break
+    if len(rows) < batch * n:
+        raise RuntimeError(f"{path}: {len(rows)} rows, {batch * n} needed")
+    return [torch.tensor(rows[i * batch:(i + 1) * batch]) for i in range(n)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,7 +479,6 @@ def run_bare(spec: dict, model_dir: str) -> dict:
 
     device, opts = _device(spec), spec["options"]
     batch, seq = opts.get("batch", spec["batch"]), spec["seq"]
-    lo, vocab = len(SPECIAL_TOKENS), spec["tok_vocab"]
     _reset_peak(device)
     if spec["backend"] == "unsloth":
         model = _load_unsloth(spec, model_dir, seq)
@@ -475,12 +489,12 @@ def run_bare(spec: dict, model_dir: str) -> dict:
     fused = {"fused": True} if device.startswith("cuda") else {}
     opt = torch.optim.AdamW(params, lr=spec["lr"][spec["method"] if spec["method"] == "full" else "lora"],
                             weight_decay=0.0, **fused)
-    g = torch.Generator(device="cpu").manual_seed(0)
     n_steps = spec["warmup"] + spec["steps"]
+    batches = read_token_batches(spec["data"], batch, seq, n_steps)
     timer, losses, tokens = StepTimer(device), [], []
     timer.start()
-    for _ in range(n_steps):
-        ids = torch.randint(lo, vocab, (batch, seq), generator=g).to(device, non_blocking=True)
+    for cpu_ids in batches:
+        ids = cpu_ids.to(device, non_blocking=True)
         mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         out = model(**mb, labels=ids)
         out.loss.backward()
@@ -534,7 +548,17 @@ def run_trl(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict:
             if logs and "loss" in logs:
                 losses.append(float(logs["loss"]))
 
-    trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
+    trainer_cls = SFTTrainer
+    if cpu:
+        from transformers import Trainer
+
+        class CPUSFTTrainer(SFTTrainer):
+            # TRL 1.15's loss is a Triton kernel; only the harness's CPU tests take this path.
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+        trainer_cls = CPUSFTTrainer
+    trainer = trainer_cls(model=model, args=args, train_dataset=ds, processing_class=tok,
                          peft_config=LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0,
                                                 target_modules=LORA_TARGETS, task_type="CAUSAL_LM"),
                          callbacks=[Timing()])
@@ -545,45 +569,48 @@ def run_trl(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict:
 
 
 def finetune_config(spec: dict, model_dir: str, data_path: str, output_dir: str) -> dict:
-    """The train.yaml a user would write for this row (finetune's own defaults otherwise)."""
+    """The train.yaml a user would write for this row; everything else is finetune's own default."""
     opts = spec["options"]
-    cfg: dict[str, Any] = {
-        "model": model_dir,
-        "backend": spec["backend"],
-        "method": spec["method"],
-        "data": {"path": data_path, "format": "text"},
-        "max_seq_length": spec["seq"],
-        "batch_size": opts.get("batch", spec["batch"]),
-        "grad_accum": 1,
+    train: dict[str, Any] = {
         "max_steps": spec["warmup"] + spec["steps"],
+        "per_device_batch_size": opts.get("batch", spec["batch"]),
         "learning_rate": spec["lr"]["full" if spec["method"] == "full" else "lora"],
         "lr_scheduler": "constant",
-        "warmup_steps": 0,
-        "precision": "bf16",
-        "logging_steps": 1,
-        "save_steps": 0,
+        "precision": "bf16" if _device(spec).startswith("cuda") else "fp32",
         "seed": 0,
-        "output_dir": output_dir,
+    }
+    for opt, key in (("ckpt", "gradient_checkpointing"), ("liger", "liger"), ("optim", "optimizer")):
+        if opt in opts:
+            train[key] = opts[opt]
+    cfg: dict[str, Any] = {
+        "model": {"path": model_dir},
+        "data": {"path": data_path, "format": "text", "max_seq_length": spec["seq"],
+                 "packing": bool(opts.get("packing", False))},
+        "method": spec["method"],
+        "backend": spec["backend"],
+        "train": train,
+        "output": {"dir": output_dir, "save_steps": 0, "logging_steps": 1, "progress_bar": False},
     }
     if spec["method"] != "full":
-        cfg["lora"] = {"r": 16, "alpha": 16, "dropout": 0.0, "targets": LORA_TARGETS}
-    for k in ("liger", "packing"):
-        if k in opts:
-            cfg[k] = opts[k]
+        cfg["lora"] = {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": LORA_TARGETS}
     return cfg
 
 
 def _steps_from_metrics(out_dir: Path) -> tuple[list[float], list[int], list[float], float | None]:
+    """Per-step time and tokens from finetune's metrics.jsonl (`tokens` is the running total)."""
     times, tokens, losses, peaks = [], [], [], []
+    prev = 0
     with open(out_dir / "metrics.jsonl") as f:
         for line in f:
             if not line.strip():
                 continue
             m = json.loads(line)
-            if "tokens" not in m or not m.get("tokens_per_s"):
+            n = int(m["tokens"]) - prev
+            prev = int(m["tokens"])
+            if n <= 0 or not m.get("tokens_per_s"):
                 continue
-            tokens.append(int(m["tokens"]))
-            times.append(m["tokens"] / m["tokens_per_s"])
+            tokens.append(n)
+            times.append(n / m["tokens_per_s"])
             losses.append(float(m["loss"]))
             if m.get("peak_mem_gib") is not None:
                 peaks.append(float(m["peak_mem_gib"]))
@@ -795,7 +822,7 @@ def run_matrix(rows: list[Row], out: Path, *, device: str = "cuda", seq: int = 2
             t0 = time.time()
             build_model_dir(row.shape, mdir, device if device.startswith("cuda") else "cpu")
             vocab = min(SHAPES[row.shape]["vocab_size"], 32768)
-            n_rows = batch * 2 * (warmup + steps) + 64
+            n_rows = 2 * max(batch, 16) * (warmup + steps) + 64
             data = write_text_dataset(work / f"data-{row.shape}.jsonl", n_rows, seq + 16, vocab)
             built[row.shape] = (str(mdir), str(data), vocab)
             print(f"bench: built {row.shape} in {time.time() - t0:.1f}s", flush=True)
@@ -845,10 +872,10 @@ def _brief(rec: dict) -> str:
 
 
 def _find(rows: list[dict], shape: str, kind: str, backend: str, method: str, **opts) -> dict | None:
+    """The ok row of exactly these options (none given: the plain row)."""
     for r in rows:
         if (r["shape"], r["kind"], r["backend"], r["method"]) == (shape, kind, backend, method) \
-                and r.get("status") == "ok" and all(r["options"].get(k) == v for k, v in opts.items()) \
-                and (opts or not any(r["options"].get(k) for k in ("liger", "compile", "batch"))):
+                and r.get("status") == "ok" and r["options"] == opts:
             return r
     return None
 
@@ -862,8 +889,9 @@ def targets(results: dict) -> list[dict]:
         bare_u = _find(rows, shape, "bare", "unsloth", "lora")
         trl_h = _find(rows, shape, "trl", "hf", "lora", ckpt=True)
         bare_full = _find(rows, shape, "bare", "hf", "full")
+        # the toolbox's own defaults: finetune full rows with no option set
         fulls = [r for r in rows if r["shape"] == shape and r["kind"] == "finetune" and r["method"] == "full"
-                 and r.get("status") == "ok"]
+                 and r.get("status") == "ok" and not r["options"]]
         best_full = max(fulls, key=lambda r: r["tokens_per_s"]) if fulls else None
 
         def add(name, a, b, key, goal, cmp):
@@ -894,7 +922,8 @@ def _fmt(x, spec: str = ",.0f") -> str:
 
 
 def _opts(r: dict) -> str:
-    return ", ".join(k if v is True else f"{k}={v}" for k, v in sorted(r["options"].items()) if v not in (False, None))
+    return ", ".join(k if v is True else f"no {k}" if v is False else f"{k}={v}"
+                     for k, v in sorted(r["options"].items()) if v is not None)
 
 
 def render_table(results: dict) -> str:
