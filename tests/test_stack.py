@@ -53,7 +53,7 @@ def test_lock_and_digest():
 def test_unverified_pins_listed():
     assert load_stack("cpu").unverified_pins() == []
     u = load_stack("gfx1151").unverified_pins()
-    assert "rocm.tarball" in u and "rccl" in u
+    assert "rocm.tarball" in u and "base" in u
 
 
 def test_extends_changes_only_a_few_pins(tmp_path):

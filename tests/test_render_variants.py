@@ -1,0 +1,131 @@
+"""Stack options beyond the shipped defaults: ROCm from source, other targets, patches by file/URL."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import dockerfile
+import pytest
+
+from toolbox.render import render_dockerfile, write_context
+from toolbox.stack import PROJECT_ROOT, load_stack
+
+COMMIT = "79e85e1468f96a867108043c953e9547c13b4c5e"
+
+
+def lint(tmp_path: Path, text: str) -> None:
+    f = tmp_path / "Dockerfile"
+    f.write_text(text)
+    exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    r = subprocess.run([exe, "--config", str(PROJECT_ROOT / ".hadolint.yaml"), "--failure-threshold", "warning", str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    dockerfile.parse_string(text)
+
+
+def user_stack(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "mine.yaml"
+    p.write_text(textwrap.dedent(body).lstrip())
+    return p
+
+
+def test_rocm_from_source(tmp_path):
+    p = user_stack(tmp_path, f"""
+        extends: gfx1151
+        name: gfx1100-src
+        gpu_targets: [gfx1100]
+        rocm:
+          source: source
+          therock:
+            repo: https://github.com/ROCm/TheRock
+            commit: {COMMIT}
+            components: [RCCL, HIPIFY, CORE_RUNTIME]
+        """)
+    s = load_stack(str(p))
+    text = render_dockerfile(s)
+    lint(tmp_path, text)
+    assert "FROM base AS rocm-build" in text and "FROM base AS rocm-fetch" not in text
+    assert "-DTHEROCK_AMDGPU_TARGETS=gfx1100" in text and "-DTHEROCK_ENABLE_ALL=OFF" in text
+    # sorted, so the render does not depend on how the user ordered the list
+    assert text.index("THEROCK_ENABLE_CORE_RUNTIME=ON") < text.index("THEROCK_ENABLE_HIPIFY=ON") < text.index("THEROCK_ENABLE_RCCL=ON")
+    assert "COPY --from=rocm-build /opt/rocm /opt/rocm" in text
+    assert '-DBNB_ROCM_ARCH="gfx1100"' in text
+    assert s.lock()["rocm.therock.commit"] == COMMIT
+
+
+def test_rocm_source_needs_therock_block(tmp_path):
+    from toolbox.errors import UserError
+
+    with pytest.raises(UserError, match="source: source needs a `therock:` block"):
+        load_stack("gfx1151", ["rocm.source=source"])
+
+
+def test_rccl_series_applied_only_when_asked(tmp_path):
+    plain = render_dockerfile(load_stack("gfx1151", [f"rccl.commit={COMMIT}", "rccl.patches=null"]))
+    assert "apply-patches.sh" not in plain.split("FROM devel AS bitsandbytes-build")[0]
+    s = load_stack("gfx1151", [f"rccl.commit={COMMIT}", "rccl.patches=rccl-patches/gfx1151"])
+    text = render_dockerfile(s)
+    lint(tmp_path, text)
+    assert "RUN /opt/toolbox/scripts/apply-patches.sh /src/rocm-systems --series /src/rccl-patches/gfx1151" in text
+    assert len(s.lock()["rccl.patches.sha256"]) == 64
+    ctx = write_context(s, tmp_path / "ctx")
+    assert (ctx / "rccl-patches" / "gfx1151" / "series").is_file()
+    assert (ctx / "scripts" / "rccl-abi-check.py").is_file()
+    # the context's series is the one the digest was computed over
+    assert load_stack("gfx1151", [f"rccl.commit={COMMIT}", f"rccl.patches={ctx / 'rccl-patches' / 'gfx1151'}"]).lock()[
+        "rccl.patches.sha256"] == s.lock()["rccl.patches.sha256"]
+
+
+def test_rccl_series_outside_repo_is_carried(tmp_path):
+    series = tmp_path / "my-series"
+    series.mkdir()
+    (series / "0001-x.patch").write_text("--- a/x\n+++ b/x\n")
+    s = load_stack("gfx1151", [f"rccl.commit={COMMIT}", f"rccl.patches={series}"])
+    text = render_dockerfile(s)
+    assert "--series /src/rccl-patches/_stack/my-series" in text
+    ctx = write_context(s, tmp_path / "ctx")
+    assert (ctx / "rccl-patches" / "_stack" / "my-series" / "0001-x.patch").is_file()
+
+
+def test_unsloth_patches_by_file_and_url(tmp_path):
+    (tmp_path / "fix.patch").write_text("--- a/x\n+++ b/x\n")
+    sha = "c" * 64
+    p = user_stack(tmp_path, f"""
+        extends: gfx1151
+        unsloth:
+          patches:
+            - file: fix.patch
+            - url: https://github.com/unslothai/unsloth/pull/4109.diff
+              sha256: {sha}
+        """)
+    s = load_stack(str(p))
+    text = render_dockerfile(s)
+    lint(tmp_path, text)
+    assert f"fetch-file.sh --url https://github.com/unslothai/unsloth/pull/4109.diff --sha256 {sha}" in text
+    assert ("apply-patches.sh /src/unsloth /src/patches/unsloth/00-fix.patch /src/patches/unsloth/01-url.patch"
+            in text)
+    ctx = write_context(s, tmp_path / "ctx")
+    assert (ctx / "patches" / "unsloth" / "00-fix.patch").read_text() == "--- a/x\n+++ b/x\n"
+
+
+def test_unsloth_url_patch_needs_sha256(tmp_path):
+    from toolbox.errors import UserError
+
+    p = user_stack(tmp_path, """
+        extends: gfx1151
+        unsloth:
+          patches:
+            - url: https://github.com/unslothai/unsloth/pull/4109.diff
+        """)
+    with pytest.raises(UserError, match=r"mine.yaml:4: unsloth.patches.0: a patch by url needs its sha256"):
+        load_stack(str(p))
+
+
+def test_cuda_unsloth_from_pypi(tmp_path):
+    text = render_dockerfile(load_stack("cuda"))
+    assert '"unsloth==2026.10.9"' in text and "unsloth_zoo==2026.10.9" in text
+    assert "unsloth-build" not in text and "FROM devel" not in text
