@@ -38,6 +38,8 @@ def test_rocm_from_source(tmp_path):
         extends: gfx1151
         name: gfx1100-src
         gpu_targets: [gfx1100]
+        rccl:
+          gpu_targets: null     # follow the stack's
         rocm:
           source: source
           therock:
@@ -129,3 +131,13 @@ def test_cuda_unsloth_from_pypi(tmp_path):
     text = render_dockerfile(load_stack("cuda"))
     assert '"unsloth==2026.10.9"' in text and "unsloth_zoo==2026.10.9" in text
     assert "unsloth-build" not in text and "FROM devel" not in text
+
+
+def test_rccl_targets_follow_the_stack(tmp_path):
+    from toolbox.errors import UserError
+
+    s = load_stack("gfx1151", ["rccl.gpu_targets=null", "gpu_targets=[gfx1100, gfx1151]"])
+    assert s.rccl_targets == ["gfx1100", "gfx1151"]
+    assert '-DGPU_TARGETS="gfx1100;gfx1151"' in render_dockerfile(s)
+    with pytest.raises(UserError, match="rccl.gpu_targets names gfx1151, which gpu_targets does not"):
+        load_stack("gfx1151", ["rccl.gpu_targets=[gfx1151]", "gpu_targets=[gfx1100]"])

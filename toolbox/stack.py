@@ -165,18 +165,19 @@ class Rccl(Model):
     commit: Optional[str] = None
     subdir: str = "projects/rccl"
     patches: Optional[str] = None
-    gpu_targets: list[str]
+    # None: the stack's gpu_targets, so another target is one field for the whole stack.
+    gpu_targets: Optional[list[str]] = None
     enable_smi: bool = False
     build_rccl_tests: bool = False
     unverified: bool = False
     _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
     _c = field_validator("commit")(classmethod(lambda cls, v: None if v is None else _commit(v)))
-    _t = field_validator("gpu_targets")(classmethod(lambda cls, v: _targets(v)))
+    _t = field_validator("gpu_targets")(classmethod(lambda cls, v: None if v is None else _targets(v)))
 
     @field_validator("gpu_targets")
     @classmethod
-    def _nonempty(cls, v: list[str]) -> list[str]:
-        if not v:
+    def _nonempty(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
             raise ValueError("must name at least one target (an empty list silently builds gfx906)")
         return v
 
@@ -297,6 +298,11 @@ class StackModel(Model):
                 raise ValueError("platform rocm needs a `rocm:` block")
             if not self.gpu_targets:
                 raise ValueError("platform rocm needs gpu_targets (e.g. [gfx1151])")
+            if self.rccl is not None and self.rccl.gpu_targets is not None:
+                extra = sorted(set(self.rccl.gpu_targets) - set(self.gpu_targets))
+                if extra:
+                    raise ValueError(f"rccl.gpu_targets names {', '.join(extra)}, which gpu_targets does not "
+                                     "(drop rccl.gpu_targets to follow gpu_targets)")
         else:
             for key in ("rocm", "rccl"):
                 if getattr(self, key) is not None:
@@ -456,6 +462,11 @@ class Stack:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
+
+    @property
+    def rccl_targets(self) -> list[str]:
+        r = self.model.rccl
+        return [] if r is None else (r.gpu_targets if r.gpu_targets is not None else self.model.gpu_targets)
 
     @property
     def base_image(self) -> str:

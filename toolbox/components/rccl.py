@@ -8,7 +8,7 @@ def _pins(stack):
     pins = {
         "rccl.commit": r.commit or "unverified",
         "rccl.repo": r.repo,
-        "rccl.gpu_targets": ",".join(r.gpu_targets),
+        "rccl.gpu_targets": ",".join(stack.rccl_targets),
     }
     digest = stack.patch_series_digest()
     pins["rccl.patches.sha256"] = digest or "none"
