@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1.7
-# Rendered by `toolbox render` from stack "gfx1151" (lock 44fb7af12a65).
+# Rendered by `toolbox render` from stack "gfx1151" (lock 12f97830ea88).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -66,22 +66,37 @@ ENV ROCM_PATH=/opt/rocm \
     LD_LIBRARY_PATH=/opt/rocm/lib
 ENV CCACHE_DIR=/root/.ccache
 
-# ---- rccl: https://github.com/ROCm/rocm-systems @ UNVERIFIED (projects/rccl), patch series none, for gfx1151 ----
+# ---- rccl: https://github.com/ROCm/rocm-systems @ 79e85e1468f96a867108043c953e9547c13b4c5e (projects/rccl), patch series rccl-patches/gfx1151, for gfx1151 ----
 FROM devel AS rccl-build
 RUN --mount=type=secret,id=ca \
-    /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems UNVERIFIED /src/rocm-systems
+    /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems 79e85e1468f96a867108043c953e9547c13b4c5e /src/rocm-systems
+COPY rccl-patches/ /src/rccl-patches/
+RUN /opt/toolbox/scripts/apply-patches.sh /src/rocm-systems --series /src/rccl-patches/gfx1151
 RUN --mount=type=cache,target=/root/.ccache \
     cmake -S /src/rocm-systems/projects/rccl -B /build/rccl -GNinja \
       -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_INSTALL_PREFIX=/opt/rccl \
       -DCMAKE_CXX_COMPILER=/opt/rocm/bin/amdclang++ \
       -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+      -DROCM_PATH=/opt/rocm \
+      -DEXPLICIT_ROCM_VERSION=7.13.0 \
       -DGPU_TARGETS="gfx1151" \
       -DBUILD_TESTS=OFF \
       -DGENERATE_SYM_KERNELS=OFF \
       -DENABLE_AMDSMI=OFF \
  && cmake --build /build/rccl \
  && cmake --install /build/rccl
+RUN --mount=type=cache,target=/root/.ccache \
+    cmake -S /src/rocm-systems/projects/rccl-tests -B /build/rccl-tests -GNinja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX=/opt/rccl \
+      -DCMAKE_PREFIX_PATH="/opt/rccl;/opt/rocm" \
+      -DCMAKE_CXX_COMPILER=/opt/rocm/bin/amdclang++ \
+      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+      -DROCM_PATH=/opt/rocm \
+      -DGPU_TARGETS="gfx1151" \
+ && cmake --build /build/rccl-tests \
+ && cmake --install /build/rccl-tests
 
 # ---- bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79: HIP backend for gfx1151 ----
 FROM devel AS bitsandbytes-build
@@ -121,7 +136,7 @@ ENV ROCM_PATH=/opt/rocm \
     PATH=/opt/venv/bin:/opt/rocm/bin:$PATH \
     LD_LIBRARY_PATH=/opt/rocm/lib
 
-# rccl UNVERIFIED: ahead of ROCm's own copy on the library path
+# rccl 79e85e1468f96a867108043c953e9547c13b4c5e: ahead of ROCm's own copy on the library path
 COPY --from=rccl-build /opt/rccl /opt/rccl
 ENV LD_LIBRARY_PATH=/opt/rccl/lib:/opt/rocm/lib
 
@@ -134,10 +149,17 @@ RUN --mount=type=secret,id=ca \
       torch==2.11.0+rocm7.13.0 \
       torchvision==0.26.0+rocm7.13.0 \
       torchaudio==2.11.0+rocm7.13.0
+# Every other librccl (ROCm's, the copy torch's wheel or its rocm-sdk packages bundle) becomes
+# a link to ours, so whichever name and search path torch resolves lands on the patched build.
+RUN ours=$(readlink -f /opt/rccl/lib/librccl.so.1) \
+ && find /opt/rocm/ /opt/venv/lib -name 'librccl.so*' \( -type f -o -type l \) ! -path '/opt/rccl/*' \
+      -print -exec ln -sfn "$ours" {} \;
 # The RCCL we built must export every nccl*/rccl* symbol torch imports (else `import torch` breaks).
 RUN /opt/venv/bin/python /opt/toolbox/scripts/rccl-abi-check.py \
       --provider /opt/rccl/lib/librccl.so.1 \
       --consumer "$(/opt/venv/bin/python -c 'import importlib.util, os; print(os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "lib", "libtorch_hip.so"))')"
+# ...and `import torch` (no GPU needed) must map exactly that library.
+RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("/proc/self/maps") if "librccl" in l}; print("librccl mapped:", *maps); assert maps and all(m.startswith("/opt/rccl/") for m in maps), maps'
 
 # bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79
 COPY --from=bitsandbytes-build /wheels/bitsandbytes/ /opt/toolbox/wheels/bitsandbytes/
@@ -197,12 +219,12 @@ LABEL \
     io.github.toolbox.bitsandbytes.version="0.50.1" \
     io.github.toolbox.datasets.version="4.3.0" \
     io.github.toolbox.gpu_targets="gfx1151" \
-    io.github.toolbox.lock-digest="44fb7af12a65" \
+    io.github.toolbox.lock-digest="12f97830ea88" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
-    io.github.toolbox.rccl.commit="unverified" \
+    io.github.toolbox.rccl.commit="79e85e1468f96a867108043c953e9547c13b4c5e" \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
-    io.github.toolbox.rccl.patches.sha256="none" \
+    io.github.toolbox.rccl.patches.sha256="69af4774781edc2a9364b665e62f404e1b5192e3ab698d5b966d279d01891bec" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
     io.github.toolbox.rocm.source="tarball" \
     io.github.toolbox.rocm.tarball.sha256="unverified" \
@@ -225,4 +247,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="44fb7af12a65"
+    org.opencontainers.image.version="12f97830ea88"
