@@ -29,7 +29,9 @@ def register(sub) -> None:
 
 
 def in_container() -> bool:
-    return os.path.exists("/run/.containerenv") or os.path.exists("/.dockerenv")
+    # Inside one of our images (its lock is baked in), not just any container: a
+    # developer's machine may itself be a container with podman in it.
+    return os.environ.get("TOOLBOX_IN_IMAGE") == "1" or os.path.exists("/opt/toolbox/stack.lock.yaml")
 
 
 def label_checks(labels: dict, stack) -> list:
@@ -119,6 +121,8 @@ def run(args) -> int:
     else:
         print(probe.render(checks))
     rc = 1 if failed else 0
+    if not args.json:
+        print("doctor: host checks passed" if rc == 0 else "doctor: host problems found (see fix: lines)")
     if args.in_image and info is not None:
         from toolbox.runtime import check_rocm_host, run_spec
 
@@ -132,6 +136,4 @@ def run(args) -> int:
         spec = run_spec(engine=engine.name, platform=platform, image=image, command=cmd)
         sys.stdout.flush()
         rc = max(rc, engine.run(spec))
-    if not args.json:
-        print("doctor: all good" if rc == 0 else "doctor: problems found (see fix: lines)")
     return rc

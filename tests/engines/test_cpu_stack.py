@@ -1,0 +1,153 @@
+"""The proof of issue 4, for real: the cpu stack built with `toolbox build`, a tiny model
+trained in it by `toolbox run` with 2 DDP ranks (gloo), through podman and through the
+Docker SDK against podman's API socket, and a rebuild after an HF pin change that takes
+the base and torch layers from cache."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from enginekit import ca_bundle, podman, toolbox, wheelhouse
+
+pytestmark = pytest.mark.slow
+
+
+def workspace(tmp_path: Path, tiny_model: Path, **overrides) -> Path:
+    """A host folder mounted at /workspace: model, data, train.yaml with container paths."""
+    from helpers.tiny import write_dataset, write_train_config
+
+    ws = tmp_path / "ws"
+    shutil.copytree(tiny_model, ws / "model")
+    write_dataset(ws / "data" / "train.jsonl", "text", n=64)
+    cfg = {"method": "lora", "train.max_steps": 8, "train.learning_rate": 1e-2, **overrides}
+    write_train_config(ws / "train.yaml", "/workspace/model", "/workspace/data/train.jsonl", "/workspace/out", **cfg)
+    return ws
+
+
+def assert_trained(ws: Path, tiny_model: Path, method: str = "lora") -> None:
+    out = ws / "out"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert len(rows) >= 4, rows
+    losses = [r["loss"] for r in rows]
+    assert losses[-1] < losses[0], f"loss did not go down: {losses}"
+    summary = json.loads((out / "summary.json").read_text())
+    # every rank contributed its weights' digest, and DDP kept them equal
+    digests = summary["rank_weight_sha256"]
+    assert len(digests) == 2 and digests[0] == digests[1], digests
+    settings = json.loads(next(out.rglob("settings.node0.json")).read_text())
+    assert settings["world_size"] == 2 and settings["device"].startswith("cpu")
+    # outputs belong to the caller, not to some container uid
+    assert (out / "metrics.jsonl").stat().st_uid == Path(ws).stat().st_uid
+    if method == "lora":
+        assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(tiny_model)
+        model = PeftModel.from_pretrained(base, out)
+        assert any("lora_" in n for n, _ in model.named_parameters())
+    else:
+        assert (out / "model.safetensors").is_file()
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_pretrained(out)
+
+
+def train_argv() -> list[str]:
+    return ["--", "launch", "--strategy", "ddp", "--nproc", "2", "--cpu", "--",
+            "finetune", "--config", "/workspace/train.yaml"]
+
+
+def test_podman_build_then_ddp_training_in_the_image(cpu_image, tiny_model, tmp_path):
+    out = cpu_image["stdout"]
+    tag = cpu_image["tag"]
+    from toolbox.stack import load_stack
+
+    stack = load_stack("cpu")
+    assert tag == f"localhost/toolbox-cpu:{stack.lock_digest()}"
+    for field in ("image:", "id:", "size:", "pins:"):
+        assert re.search(rf"^{field}", out, re.M), f"build summary lacks {field}"
+    assert "torch.version = 2.13.0+cpu" in out
+    # the CA bundle was a build secret: not in the history, the config, or /run/secrets
+    bundle = str(ca_bundle())
+    assert bundle not in podman("history", "--no-trunc", "--format", "{{.CreatedBy}}", tag).stdout
+    assert bundle not in podman("image", "inspect", tag).stdout
+    ls = podman("run", "--rm", tag, "sh", "-c", "ls -A /run/secrets 2>/dev/null | wc -l").stdout.strip()
+    assert ls == "0"
+
+    ws = workspace(tmp_path, tiny_model)
+    cp = toolbox("run", "--stack", "cpu", "--engine", "podman", "--workspace", str(ws),
+                 "--hf-cache", str(tmp_path / "hf"), *train_argv(), timeout=900)
+    assert cp.returncode == 0, cp.stdout[-5000:] + cp.stderr[-5000:]
+    assert_trained(ws, tiny_model)
+
+    # the in-container doctor: CPU torch, no collectives lib, pins of the lock all installed
+    cp = toolbox("doctor", "--stack", "cpu", "--engine", "podman", "--in-image")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "label pins: all" in cp.stdout and "pin transformers.version: transformers 5.17.0" in cp.stdout
+    # the same image judged against a stack whose HF pin moved: labels disagree, exit 1, a fix
+    cp = toolbox("doctor", "--stack", "cpu", "--set", "hf.peft=0.21.1", "--image", tag, "--engine", "podman")
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    assert "peft.version: image '0.21.2' != stack '0.21.1'" in cp.stdout and "fix: rebuild" in cp.stdout
+
+
+def test_docker_sdk_build_and_run_via_podman_socket(cpu_image, podman_socket, tiny_model, tmp_path):
+    env = {"DOCKER_HOST": podman_socket}
+    tag = "localhost/toolbox-cpu:docker-sdk"
+    podman("rmi", "-f", tag, check=False)
+    cp = toolbox("build", "--stack", "cpu", "--engine", "docker", "--tag", tag,
+                 "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()), env=env, timeout=1800)
+    assert cp.returncode == 0, cp.stdout[-5000:] + cp.stderr[-5000:]
+    assert f"image:  {tag}" in cp.stdout and "STEP " in cp.stdout
+    assert podman("image", "inspect", "--format", "{{index .Labels \"io.github.toolbox.stack\"}}", tag).stdout.strip() == "cpu"
+
+    ws = workspace(tmp_path, tiny_model, method="full", **{"train.max_steps": 6})
+    cp = toolbox("run", "--engine", "docker", "--image", tag, "--workspace", str(ws),
+                 "--hf-cache", str(tmp_path / "hf"), *train_argv(), env=env, timeout=900)
+    assert cp.returncode == 0, cp.stdout[-5000:] + cp.stderr[-5000:]
+    assert_trained(ws, tiny_model, method="full")
+
+
+def _steps(build_out: str) -> list[tuple[str, bool]]:
+    """(step line, came from cache) for each podman build step."""
+    steps: list[tuple[str, bool]] = []
+    for line in build_out.splitlines():
+        if re.match(r"^(\[\d+/\d+\] )?STEP \d+/\d+: ", line):
+            steps.append((line, False))
+        elif line.startswith("--> Using cache") and steps:
+            steps[-1] = (steps[-1][0], True)
+    return steps
+
+
+def test_rebuild_after_hf_pin_change_reuses_base_and_torch_layers(cpu_image, tmp_path):
+    old = cpu_image["tag"]
+    cp = toolbox("build", "--stack", "cpu", "--engine", "podman", "--set", "hf.peft=0.21.1",
+                 "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()), timeout=1800)
+    assert cp.returncode == 0, cp.stdout[-5000:] + cp.stderr[-5000:]
+    new = next(line.split(None, 1)[1] for line in cp.stdout.splitlines() if line.startswith("image:"))
+    assert new != old, "a different pin set must get a different tag"
+    steps = _steps(cp.stdout)
+    torch_i = next(i for i, (s, _) in enumerate(steps) if "RUN" in s and "torch==" in s and "peft" not in s)
+    hf_i = next(i for i, (s, _) in enumerate(steps) if "RUN" in s and "peft==" in s)
+    assert all(cached for _, cached in steps[: torch_i + 1]), [s for s, c in steps[: torch_i + 1] if not c]
+    assert not steps[hf_i][1], "the HF step must rebuild after its pin changed"
+    assert "peft==0.21.1" in steps[hf_i][0]
+
+    def layers(ref: str) -> list[str]:
+        return json.loads(podman("image", "inspect", "--format", "{{json .RootFS.Layers}}", ref).stdout)
+
+    a, b = layers(old), layers(new)
+    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    # base rootfs + the base stage's layers + the torch layer: all the same blobs
+    layer_steps = [s for s, _ in steps[: torch_i + 1] if re.search(r": (RUN|COPY|ADD) ", s)]
+    assert common >= 1 + len(layer_steps), (common, layer_steps)
+    assert common < len(b), "the HF layer should be new"
+    labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", new).stdout)
+    assert labels["io.github.toolbox.peft.version"] == "0.21.1"
+    podman("rmi", new, check=False)
