@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1.7
-# Rendered by `toolbox render` from stack "cuda" (lock 9b11f2d607d2).
+# Rendered by `toolbox render` from stack "cuda" (lock 28408d2ebd8f).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -40,7 +40,8 @@ RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install \
-      torch==2.13.0
+      torch==2.13.0 \
+      torchvision==0.28.0
 
 # Hugging Face stack; torch is named again so pip cannot swap it
 RUN --mount=type=secret,id=ca \
@@ -52,7 +53,8 @@ RUN --mount=type=secret,id=ca \
       peft==0.21.2 \
       transformers==5.17.0 \
       trl==1.15.0 \
-      torch==2.13.0
+      torch==2.13.0 \
+      torchvision==0.28.0
 
 # unsloth 2026.10.9 from PyPI
 RUN --mount=type=secret,id=ca \
@@ -66,7 +68,8 @@ RUN --mount=type=secret,id=ca \
       peft==0.21.2 \
       transformers==5.17.0 \
       trl==1.15.0 \
-      torch==2.13.0
+      torch==2.13.0 \
+      torchvision==0.28.0
 
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold
 COPY entrypoints/ /opt/toolbox/entrypoints/
@@ -82,11 +85,12 @@ LABEL \
     io.github.toolbox.accelerate.version="1.15.0" \
     io.github.toolbox.base.image="docker.io/library/debian:bookworm-slim" \
     io.github.toolbox.datasets.version="4.8.4" \
-    io.github.toolbox.lock-digest="9b11f2d607d2" \
+    io.github.toolbox.lock-digest="28408d2ebd8f" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="cuda" \
     io.github.toolbox.stack="cuda" \
     io.github.toolbox.torch.version="2.13.0" \
+    io.github.toolbox.torchvision.version="0.28.0" \
     io.github.toolbox.transformers.version="5.17.0" \
     io.github.toolbox.trl.version="1.15.0" \
     io.github.toolbox.unsloth.version="2026.10.9" \
@@ -97,4 +101,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-cuda" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="9b11f2d607d2"
+    org.opencontainers.image.version="28408d2ebd8f"
