@@ -238,7 +238,7 @@ def load_hf(p: Plan, dist: Dist):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw: dict[str, Any] = dict(revision=p.cfg.model.revision, trust_remote_code=p.cfg.model.trust_remote_code,
-                              dtype=torch_dtype(p) if p.cfg.method == "full" or not p.gpu else torch_dtype(p))
+                              dtype=torch_dtype(p))
     if p.cfg.model.attn_implementation:
         kw["attn_implementation"] = p.cfg.model.attn_implementation
     if p.gpu and not using_fsdp():
@@ -433,6 +433,7 @@ def trainer_class(p: Plan):
                     # Enters DDP's no_sync for the whole run: parameters are averaged every K steps instead.
                     self._local_sgd = LocalSGD(self.accelerator, model, ksteps, enabled=True)
                     self._local_sgd.__enter__()
+                    log(f"LocalSGD: averaging parameters every {ksteps} optimizer steps (no per-step all-reduce)")
             return super().training_step(model, inputs, num_items_in_batch)
 
         def optimizer_step_done(self):

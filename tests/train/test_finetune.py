@@ -83,7 +83,8 @@ def test_merged_lora_differs_from_base_and_reloads(tmp_path, tiny_model):
 def test_grad_accumulation_global_batch_and_tensorboard(tmp_path, tiny_model):
     out, s = _run(tmp_path, tiny_model, "text", **{"train.batch_size": 8, "train.per_device_batch_size": 2,
                                                    "train.max_steps": 3, "output.tensorboard": True,
-                                                   "data.packing": True, "data.eval_split": 0.2})
+                                                   "data.packing": True, "data.eval_split": 0.2,
+                                                   "train.gradient_checkpointing": True})
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
     assert resolved["_resolved"]["gradient_accumulation_steps"] == 4
     assert s["steps"] == 3

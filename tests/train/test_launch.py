@@ -1,0 +1,140 @@
+"""`launch`: real multi-process DDP on CPU (gloo) through accelerate/torchrun, two "nodes" on
+loopback with c10d and LocalSGD, and the generated configs and environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers.tiny import write_dataset, write_train_config
+from toolbox_train import launch
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _launch_cmd():
+    exe = Path(sys.executable).with_name("launch")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.launch"]
+
+
+def _env():
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "entrypoints"), "OMP_NUM_THREADS": "1"}
+    for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(k, None)
+    return env
+
+
+def _metrics(out):
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cfg(tmp_path, model, out, **over):
+    data = write_dataset(tmp_path / "d.jsonl", "text", n=64)
+    base = {"train.max_steps": 6, "train.per_device_batch_size": 2, "train.batch_size": 8,
+            "output.save_steps": 3}
+    base.update(over)
+    return write_train_config(tmp_path / "train.yaml", model, data, out, **base)
+
+
+def test_ddp_two_cpu_processes(tmp_path, tiny_model):
+    out = tmp_path / "out"
+    cfg = _cfg(tmp_path, tiny_model, out)
+    r = subprocess.run([*_launch_cmd(), "--strategy", "ddp", "--nproc", "2", "--cpu", "--",
+                        "finetune", "--config", str(cfg)], capture_output=True, text=True, env=_env(), timeout=400)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "launch: resolved settings" in r.stderr and "world_size: 2" in r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    digests = summary["rank_weight_sha256"]
+    assert len(digests) == 2 and digests[0] == digests[1]  # both ranks hold identical weights
+    m = _metrics(out)
+    assert [x["step"] for x in m] == list(range(1, 7))  # rank 0 alone logs
+    assert m[-1]["loss"] < m[0]["loss"]
+    resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())["_resolved"]
+    assert resolved["world_size"] == 2 and resolved["gradient_accumulation_steps"] == 2
+    # The exact accelerate config used is kept with the results and parses with accelerate.
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    acc = ClusterConfig.from_yaml_file(str(out / "launch" / "accelerate.yaml"))
+    assert acc.num_processes == 2 and acc.num_machines == 1
+    assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("checkpoint-")]
+
+
+def test_two_nodes_on_loopback_c10d_local_sgd(tmp_path, tiny_model):
+    write_dataset(tmp_path / "d.jsonl", "text", n=64)
+    port = str(_free_port())
+    procs = []
+    for rank in (0, 1):  # separate output folders, as on two machines
+        cfgn = write_train_config(tmp_path / f"n{rank}.yaml", tiny_model, tmp_path / "d.jsonl",
+                                  tmp_path / f"node{rank}", **{"train.max_steps": 4, "train.per_device_batch_size": 2,
+                                                              "train.batch_size": 8})
+        procs.append(subprocess.Popen(
+            [*_launch_cmd(), "--strategy", "ddp", "--nproc", "1", "--cpu", "--nnodes", "2", "--node-rank",
+             str(rank), "--master-addr", "127.0.0.1", "--master-port", port, "--sync", "local-sgd:2",
+             "--max-restarts", "0", "--", "finetune", "--config", str(cfgn)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+    results = [p.communicate(timeout=400) for p in procs]
+    for p, (so, se) in zip(procs, results):
+        assert p.returncode == 0, se[-4000:]
+    err0 = results[0][1]
+    assert "rendezvous: c10d" in err0 and "'GLOO_SOCKET_IFNAME': 'lo'" in err0
+    assert "'NCCL_IB_DISABLE': '1'" in err0 and "sync: local-sgd:2" in err0
+    summary = json.loads(results[0][0].strip().splitlines()[-1])
+    d = summary["rank_weight_sha256"]
+    assert len(d) == 2 and d[0] == d[1]  # LocalSGD's final average leaves both nodes equal
+    settings = json.loads((tmp_path / "node1" / "launch" / "settings.node1.json").read_text())
+    assert settings["node_rank"] == 1 and settings["world_size"] == 2
+    resolved = yaml.safe_load((tmp_path / "node0" / "config.resolved.yaml").read_text())["_resolved"]
+    assert resolved["sync"] == "local-sgd:2" and resolved["gradient_accumulation_steps"] == 2
+    assert "LocalSGD: averaging parameters every 2 optimizer steps" in err0
+
+
+@pytest.mark.parametrize("arch,layer", [("llama", "LlamaDecoderLayer"), ("qwen3", "Qwen3DecoderLayer"),
+                                        ("gemma3-mm", "Gemma3DecoderLayer"), ("gpt-oss", "GptOssDecoderLayer")])
+def test_fsdp_config_wraps_the_models_decoder_layer(tmp_path, tiny_models, arch, layer, capsys):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    out = tmp_path / "out"
+    cfg = _cfg(tmp_path, tiny_models(arch), out, **{"train.batch_size": 16})
+    assert launch.main(["--strategy", "fsdp", "--nproc", "4", "--dry-run", "--", "finetune", "--config",
+                        str(cfg)]) == 0
+    acc = ClusterConfig.from_yaml_file(str(out / "launch" / "accelerate.yaml"))
+    assert acc.distributed_type.value == "FSDP" and acc.num_processes == 4
+    wrap = acc.fsdp_config["fsdp_transformer_layer_cls_to_wrap"].split(",")
+    assert layer in wrap
+    assert acc.fsdp_config["fsdp_version"] == 2
+    assert f"fsdp_wrap: {acc.fsdp_config['fsdp_transformer_layer_cls_to_wrap']}" in capsys.readouterr().err
+
+
+def test_rdma_and_ethernet_environment(tmp_path, tiny_model, monkeypatch):
+    out = tmp_path / "out"
+    cfg = _cfg(tmp_path, tiny_model, out, **{"train.batch_size": 4})
+    argv = ["--strategy", "ddp", "--nproc", "1", "--cpu", "--nnodes", "2", "--node-rank", "1",
+            "--master-addr", "127.0.0.1", "--master-port", "29999"]
+    for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX"):
+        monkeypatch.delenv(k, raising=False)
+    r = launch.resolve([*argv, "--transport", "rdma", "--", "finetune", "--config", str(cfg)])
+    env = r["env"]
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_IB_TIMEOUT"] == "23" and env["NCCL_IB_RETRY_CNT"] == "7"
+    assert r["accelerate"]["rdzv_backend"] == "c10d" and r["accelerate"]["machine_rank"] == 1
+    assert r["accelerate"]["main_process_port"] == 29999
+    monkeypatch.setenv("NCCL_IB_GID_INDEX", "1")  # the user's own setting wins
+    r = launch.resolve([*argv, "--transport", "rdma", "--ifname", "eth7", "--", "finetune", "--config", str(cfg)])
+    assert r["env"]["NCCL_IB_GID_INDEX"] == "1" and r["env"]["GLOO_SOCKET_IFNAME"] == "eth7"
+    r = launch.resolve([*argv, "--", "finetune", "--config", str(cfg)])
+    assert r["env"]["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_TIMEOUT" not in r["env"]
+    assert "--max_restarts" in r["command"] and r["command"][-2:] == ["--config", str(cfg)]
