@@ -166,3 +166,13 @@ def test_cli_render_and_stacks(tmp_path):
     lines = r.stdout.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == STACKS
     assert any("registry.fedoraproject.org/fedora:43" in line and "rocm=7.13.0" in line for line in lines)
+
+
+def test_lint_command_and_lint_text():
+    from toolbox.commands.lint import lint_text
+
+    r = subprocess.run([sys.executable, "-m", "toolbox", "lint"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(": ok") == len(STACKS)
+    problems = lint_text("FROM debian\nRUN cd /src && make\n")
+    assert any("DL3006" in p for p in problems) and any("DL3003" in p for p in problems)
