@@ -109,3 +109,24 @@ def test_backend_auto_is_hf_here_and_unsloth_refused(tmp_path, tiny_model):
         finetune.plan(train_config(tiny_model, data, tmp_path / "o", backend="unsloth"))
     with pytest.raises(finetune.UserError, match="train.liger: true needs"):
         finetune.plan(train_config(tiny_model, data, tmp_path / "o", **{"train.liger": True}))
+
+
+def test_hub_id_from_the_offline_cache(tmp_path, tiny_model, monkeypatch):
+    """A hub id resolves from the HF cache with the network off (the layout huggingface_hub writes)."""
+    import shutil
+
+    cache = tmp_path / "hf" / "hub"
+    snap = cache / "models--tiny-org--tiny-llama" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_model, snap)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    out, s = _run(tmp_path, "tiny-org/tiny-llama", "text", **{"train.max_steps": 2})
+    assert s["steps"] == 2 and (out / "model.safetensors").exists()
+    with pytest.raises(finetune.UserError, match="model.path: tiny-org/absent: cannot read the model's config"):
+        finetune.plan(train_config("tiny-org/absent", tmp_path / "text.jsonl", tmp_path / "o2"))
