@@ -195,6 +195,8 @@ def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite:
             raise UserError("train.liger: only on backend hf (Unsloth has its own kernels)")
         if not gpu or importlib.util.find_spec("liger_kernel") is None:
             raise UserError("train.liger: true needs the liger-kernel package and a GPU")
+    if cfg.output.tensorboard and not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
+        raise UserError("output.tensorboard: true needs the tensorboard package (pip install tensorboard)")
     p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
              precision, bool(liger))
     if resume:
