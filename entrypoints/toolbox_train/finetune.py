@@ -455,7 +455,9 @@ def sft_args(p: Plan, dist: Dist):
 
     c, t, o = p.cfg, p.cfg.train, p.cfg.output
     gc = t.gradient_checkpointing
-    hf_gc = bool(gc) and p.backend == "hf"  # Unsloth sets up its own (offloaded) checkpointing
+    # Unsloth sets up its own (offloaded) checkpointing; under FSDP the accelerate config's
+    # fsdp_activation_checkpointing does it (transformers refuses both at once).
+    hf_gc = bool(gc) and p.backend == "hf" and not using_fsdp()
     has_eval = bool(c.data.eval_path or c.data.eval_split > 0)
     if o.tensorboard:
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(p.out / "tensorboard"))
@@ -518,6 +520,10 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         overwrite: bool = False) -> dict:
     """Fine-tune per `config`; returns the summary (output_dir, steps, tokens_per_s, first/last loss, peak_mem_gib)."""
     dist = Dist.from_env()
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        # torchrun restarted the ranks (launch --max-restarts): continue, never start over.
+        resume, overwrite = True, False
+        log(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from the newest complete checkpoint")
     p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0)
     train_ds, eval_ds, fmt = load_datasets(p.cfg, p.base)  # bad data is still bad input: before the model
     for n in p.notes:

@@ -85,3 +85,15 @@ def test_incomplete_and_corrupt_checkpoints_are_skipped(tmp_path, tiny_model, mo
     (cpd / "checkpoint-4" / "trainer_state.json").write_text("{not json")
     p = finetune.plan(_cfg(tmp_path, tiny_model, out, "lora"), resume=True)
     assert p.resume_from == cpd / "checkpoint-2"
+
+
+def test_a_torchrun_restart_resumes_instead_of_refusing(tmp_path, tiny_model, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("TOOLBOX_STOP_AFTER_STEP", "4")
+    finetune.run(_cfg(tmp_path, tiny_model, out, "full"))
+    monkeypatch.delenv("TOOLBOX_STOP_AFTER_STEP")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # what torchrun sets in restarted ranks
+    s = finetune.run(_cfg(tmp_path, tiny_model, out, "full"), overwrite=True)
+    assert s["steps"] == STEPS
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1))  # continued from step 4, not started over
