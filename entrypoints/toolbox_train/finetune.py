@@ -276,6 +276,7 @@ def load_unsloth(p: Plan, dist: Dist):
         dtype=None if p.precision == "fp32" else torch_dtype(p),
         load_in_4bit=p.cfg.method == "qlora",
         load_in_8bit=p.cfg.method == "lora-8bit",
+        load_in_16bit=p.cfg.method == "lora",  # Unsloth's loader defaults to 4-bit otherwise
         full_finetuning=p.cfg.method == "full",
         device_map={"": dist.local_rank} if dist.world_size > 1 else "sequential",
         use_gradient_checkpointing=use_gc,
