@@ -167,6 +167,11 @@ def verify(source: Path, series: Series, commit: str | None = None, keep: Path |
     probe = _git(["-C", str(source), "rev-parse", "--git-dir"])
     if probe.returncode != 0:
         raise UserError(f"--source {source}: not a git repository")
+    partial = _git(["-C", str(source), "config", "--get", "extensions.partialClone"]).stdout.strip()
+    if partial:
+        # The throw-away clone borrows DIR's objects but cannot fetch the blobs a partial clone lacks.
+        raise UserError(f"--source {source}: a partial clone (filter via remote {partial!r}); "
+                        "use a full clone: git clone https://github.com/ROCm/rocm-systems")
     commit = commit or series.base_commit
     if not commit:
         raise UserError(f"{series.path}: no '# base-commit: SHA' line, and no --commit given")
