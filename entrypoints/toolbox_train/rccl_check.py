@@ -8,7 +8,7 @@ rccl-tests/nccl-tests when it is installed (PATH or /opt/rccl/bin).
 
     rccl-check                      # every local GPU (or 2 CPU processes), all ops
     rccl-check --cpu --nproc 2      # gloo on the CPU
-    launch ... -- rccl-check        # under torchrun/launch: one rank per process, any nodes
+    torchrun --nproc-per-node 2 -m toolbox_train.rccl_check   # under torchrun: any nodes
 
 Exit 0 when every result is correct, 1 when one is not (or a rank failed), 2 for bad input.
 """
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--nproc", type=int, default=None,
                    help="local processes to start (default: one per GPU, or 2 on the CPU); "
-                        "ignored under torchrun/launch")
+                        "ignored under torchrun")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                    help="auto: nccl (RCCL on ROCm) when GPUs are visible, else gloo")
     p.add_argument("--cpu", action="store_true", help="force CPU tensors and gloo")
