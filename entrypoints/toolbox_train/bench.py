@@ -169,6 +169,10 @@ def _suite_explore(shape: str, primary: bool) -> list[Row]:
             label="bare HF full + Liger + compiled layers"),
         Row("bare", "hf", "full", shape, {"liger": True, "batch": 16}, label="bare HF full + Liger, batch 16"),
         Row("bare", "unsloth", "full", shape, {"batch": 16}, label="bare Unsloth full, batch 16"),
+        Row("finetune", "hf", "full", shape, {"ckpt": False, "batch": 16},
+            label="finetune hf full, no checkpointing, batch 16"),
+        Row("finetune", "unsloth", "lora", shape, {"padding_free": False},
+            label="finetune unsloth lora, Unsloth's padding-free off"),
     ]
 
 
@@ -184,7 +188,11 @@ def _suite_smoke(shape: str, primary: bool) -> list[Row]:
     ]
 
 
-SUITES = {"default": _suite_default, "explore": _suite_explore, "smoke": _suite_smoke}
+def _suite_all(shape: str, primary: bool) -> list[Row]:
+    return _suite_default(shape, primary) + (_suite_explore(shape, primary) if primary else [])
+
+
+SUITES = {"default": _suite_default, "explore": _suite_explore, "smoke": _suite_smoke, "all": _suite_all}
 
 
 def select_rows(rows: list[Row], patterns: Sequence[str]) -> list[Row]:
@@ -667,7 +675,7 @@ def run_memscale(spec: dict, model_dir: str) -> dict:
     import torch
 
     device = _device(spec)
-    lengths = spec.get("lengths") or [2048 * 2**i for i in range(8)]
+    lengths = spec.get("lengths") or [8192 * 2**i for i in range(6)]
     max_pos = SHAPES[spec["shape"]]["max_position_embeddings"]
     lengths = [n for n in lengths if n <= max_pos]
     model = (_load_unsloth(spec, model_dir, max(lengths)) if spec["backend"] == "unsloth"
@@ -714,6 +722,7 @@ def _result_from_steps(spec: dict, times: list[float], tokens: list[int], losses
         "step_s": sum(timed_t) / len(timed_t),
         "steps_timed": len(timed_t),
         "peak_gib": peak,
+        "step_times": [round(t, 4) for t in times],
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
     }
@@ -727,6 +736,8 @@ def _stdev(xs: list[float]) -> float:
 def worker(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     t0 = time.time()
+    if spec["options"].get("padding_free") is False:
+        os.environ["UNSLOTH_DISABLE_AUTO_PADDING_FREE"] = "1"  # read when unsloth is imported
     if spec["backend"] == "unsloth":
         import unsloth  # noqa: F401  (must patch transformers/trl/peft before they are imported)
     import torch
