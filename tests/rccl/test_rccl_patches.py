@@ -188,3 +188,12 @@ def test_shipped_series_are_well_formed_and_agree_with_their_stacks():
             assert all(p.startswith("projects/rccl/") for p in patch_paths(patch))
         # git format-patch --base records the base commit in the series.
         assert any(f"base-commit: {series.base_commit}" in p.read_text() for p in series.patches)
+
+
+def test_stack_and_series_must_agree_on_the_commit(upstream, tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: gfx1151\nname: mine\nrccl:\n  commit: " + "ab" * 20 + "\n")
+    r = toolbox("patches", "verify", "--source", str(upstream["repo"]), "--stack", str(mine))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "stack pins rccl.commit " + "ab" * 20 in r.stderr and "make them agree" in r.stderr
+

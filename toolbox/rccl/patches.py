@@ -162,6 +162,8 @@ def _sparse_dirs(paths: list[str]) -> list[str]:
 
 def verify(source: Path, series: Series, commit: str | None = None, keep: Path | None = None) -> Report:
     source = Path(source).expanduser().resolve()
+    if keep is not None and Path(keep).exists():
+        raise UserError(f"--keep {keep}: already exists")
     if not source.is_dir():
         raise UserError(f"--source {source}: not a directory")
     probe = _git(["-C", str(source), "rev-parse", "--git-dir"])
@@ -222,9 +224,6 @@ def verify(source: Path, series: Series, commit: str | None = None, keep: Path |
             res.status = "ok"
         report.final_tree = _git(["rev-parse", "HEAD^{tree}"], cwd=wt).stdout.strip()
         if keep is not None:
-            keep = Path(keep)
-            if keep.exists():
-                raise UserError(f"--keep {keep}: already exists")
             shutil.move(str(wt), str(keep))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
