@@ -152,3 +152,24 @@ def test_agrees_with_nm_when_available(libs):
                          capture_output=True, text=True, check=True).stdout
     nm_def = {line.split()[-1] for line in out.splitlines() if line.split()[1] in "TWDBRVu"}
     assert abicheck.read_dynsyms(libs["full"]).exported == nm_def
+
+
+def test_real_torch_libraries():
+    """The reader on a production-size ELF (libtorch_cpu.so, ~400 MB): libc10 satisfies its c10 imports."""
+    torch = pytest.importorskip("torch")
+    lib = Path(torch.__file__).parent / "lib"
+    consumer, provider = lib / "libtorch_cpu.so", lib / "libc10.so"
+    if not consumer.is_file() or not provider.is_file():
+        pytest.skip("torch without libtorch_cpu.so/libc10.so")
+    r = _run("--provider", provider, "--consumer", consumer, "--pattern", r"^_ZN3c10")
+    assert r.returncode == 0, r.stderr
+    # ...and a library that does not export them is caught.
+    r = _run("--provider", libs_shm(lib), "--consumer", consumer, "--pattern", r"^_ZN3c10")
+    assert r.returncode == 1 and "_ZN3c10" in r.stderr
+
+
+def libs_shm(lib: Path) -> Path:
+    shm = lib / "libshm.so"
+    if not shm.is_file():
+        pytest.skip("torch without libshm.so")
+    return shm
