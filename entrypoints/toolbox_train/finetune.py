@@ -576,12 +576,17 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     finally:
         trainer.finish_local_sgd()
     save_final(p, trainer, tok)
-    if trainer.accelerator.num_processes > 1:
+    if trainer.accelerator.num_processes > 1 and not trainer.is_fsdp_enabled:
         # Every rank must end with the same weights (DDP, or LocalSGD after its last average).
         summary["rank_weight_sha256"] = trainer.accelerator.gather_for_metrics(
             [weights_digest(trainer.accelerator.unwrap_model(trainer.model))], use_gather_object=True)
     summary["peak_mem_gib"] = round(peak_mem_gib(), 4)
     summary.setdefault("steps", trainer.state.global_step)
+    if trainer.is_world_process_zero():
+        rows = [json.loads(ln) for ln in (p.out / "metrics.jsonl").read_text().splitlines() if ln.strip()] \
+            if (p.out / "metrics.jsonl").exists() else []
+        if rows:  # the whole run's, a resumed one included
+            summary["first_loss"], summary["last_loss"] = rows[0]["loss"], rows[-1]["loss"]
     summary.setdefault("first_loss", None)
     summary.setdefault("last_loss", None)
     if trainer.is_world_process_zero():
