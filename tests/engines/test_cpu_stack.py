@@ -160,3 +160,18 @@ def test_rebuild_after_hf_pin_change_reuses_base_and_torch_layers(cpu_image, tmp
     labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", new).stdout)
     assert labels["io.github.toolbox.peft.version"] == "0.21.1"
     podman("rmi", new, check=False)
+
+
+def test_failed_stack_build_names_the_step_and_tags_nothing(cpu_image):
+    from toolbox.runtime import default_tag
+    from toolbox.stack import load_stack
+
+    tag = default_tag(load_stack("cpu", ["hf.peft=99.0.0"]))
+    cp = toolbox("build", "--stack", "cpu", "--engine", "podman", "--set", "hf.peft=99.0.0",
+                 "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()), timeout=1200)
+    assert cp.returncode == 1, cp.stdout[-3000:] + cp.stderr[-3000:]
+    err = cp.stderr
+    assert "podman build failed at [2/2] STEP 3/7: RUN" in err and "peft==99.0.0" in err, err
+    assert "peft==99.0.0" in err.split("last lines:")[1]  # the engine's own last lines
+    assert "what to try" in err and "no image was tagged" in err and "Traceback" not in err
+    assert podman("image", "exists", tag, check=False).returncode == 1

@@ -8,6 +8,7 @@ commands in toolbox/commands/. `get_engine(None)` prefers podman where present.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 from dataclasses import dataclass, field
@@ -73,6 +74,9 @@ class RunSpec:
     tty: bool = False
     remove: bool = True
 
+
+# podman/buildah "[2/2] STEP 3/7: RUN ..." (stage prefix when multi-stage), Docker "Step 3/7 : ..."
+_STEP_RE = re.compile(r"^(\[\d+/\d+\] )?(STEP|Step) \d+/\d+ ?:")
 
 LineSink = Callable[[str], None]
 
@@ -164,8 +168,8 @@ def failed_step(log: list[str]) -> str | None:
     """The last 'STEP n/m: ...' (podman/buildah) or 'Step n/m : ...' (Docker) line."""
     for line in reversed(log):
         s = line.strip()
-        if s.startswith(("STEP ", "Step ")) and "/" in s.split(":", 1)[0]:
-            return s
+        if _STEP_RE.match(s):
+            return s if len(s) <= 240 else s[:237] + "..."
     return None
 
 

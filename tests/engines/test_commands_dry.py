@@ -1,0 +1,178 @@
+"""What build/run/create would run, checked on their exact argv (--dry-run) and the run
+options a stack gets; toolbx is not installable here, and distrobox refuses root, so
+their commands are checked here (the podman/Docker paths run for real elsewhere)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from enginekit import toolbox
+from toolbox.runtime import run_spec
+
+
+def argv_of(cp) -> list[str]:
+    lines = [line for line in cp.stdout.splitlines() if line and not line.startswith("#")]
+    assert len(lines) == 1, cp.stdout
+    return shlex.split(lines[0])
+
+
+@pytest.fixture
+def fake_dev(tmp_path) -> Path:
+    dev = tmp_path / "dev"
+    for d in ("kfd", "dri", "infiniband"):
+        (dev / d).mkdir(parents=True)
+    return dev
+
+
+def test_rocm_run_options(fake_dev, tmp_path):
+    spec = run_spec(engine="podman", platform="rocm", image="img", command=["true"], workspace=tmp_path,
+                    hf_cache=tmp_path / "hf", dev_root=str(fake_dev))
+    assert spec.devices == [f"{fake_dev}/kfd", f"{fake_dev}/dri", f"{fake_dev}/infiniband"]
+    assert len(spec.groups) == 3 and spec.security_opts == ["seccomp=unconfined"]
+    assert spec.ulimits == {"memlock": "-1:-1"} and spec.ipc_host
+    (fake_dev / "infiniband").rmdir()
+    spec = run_spec(engine="podman", platform="rocm", image="img", command=["true"], workspace=tmp_path,
+                    hf_cache=tmp_path / "hf", dev_root=str(fake_dev))
+    assert f"{fake_dev}/infiniband" not in spec.devices and "memlock" not in spec.ulimits
+    cpu = run_spec(engine="podman", platform="cpu", image="img", command=["true"], workspace=tmp_path, hf_cache=tmp_path / "hf")
+    assert not cpu.devices and not cpu.security_opts and cpu.gpus is None
+    cuda = run_spec(engine="docker", platform="cuda", image="img", command=["true"], workspace=tmp_path, hf_cache=tmp_path / "hf")
+    assert cuda.gpus == "all" and not cuda.devices
+
+
+def test_run_dry_run_rocm_podman(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value_9d2")
+    cp = toolbox("run", "--stack", "gfx1151", "--engine", "podman", "--workspace", str(tmp_path), "--hf-cache",
+                 str(tmp_path / "hf"), "--host-network", "--dry-run", "--", "launch", "--strategy", "ddp", "--",
+                 "finetune", "--config", "train.yaml")
+    assert cp.returncode == 0, cp.stderr
+    assert "hf_secret_value_9d2" not in cp.stdout
+    argv = argv_of(cp)
+    joined = " ".join(argv)
+    for piece in ("--device /dev/kfd", "--device /dev/dri", "--security-opt seccomp=unconfined", "--ipc=host",
+                  "--network=host", f"-v {tmp_path}:/workspace", "-e HF_TOKEN", "-e HF_HOME=/hf-cache", "-w /workspace"):
+        assert piece in joined, piece
+    assert argv.count("--group-add") == 2
+    # the command after the image, both `--` kept for launch
+    from toolbox.runtime import default_tag
+    from toolbox.stack import load_stack
+
+    image = default_tag(load_stack("gfx1151"))
+    assert argv[argv.index(image) + 1:] == ["launch", "--strategy", "ddp", "--", "finetune", "--config", "train.yaml"]
+    if os.geteuid() == 0:
+        assert "--userns=keep-id" not in argv  # root: container root is the caller already
+    if not os.path.exists("/dev/kfd"):
+        assert "/dev/kfd does not exist" in cp.stdout
+
+
+def test_run_as_sudo_caller_owns_outputs(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    cp = toolbox("run", "--stack", "cpu", "--engine", "podman", "--workspace", str(tmp_path), "--hf-cache",
+                 str(tmp_path / "hf"), "--dry-run", "--", "true", env={"SUDO_UID": "1234", "SUDO_GID": "1235"})
+    argv = argv_of(cp)
+    assert argv[argv.index("--user") + 1] == "1234:1235"
+
+
+def test_run_refuses_env_values_on_argv(tmp_path):
+    cp = toolbox("run", "--stack", "cpu", "--engine", "podman", "--workspace", str(tmp_path),
+                 "--env", "WANDB_API_KEY=abc", "--dry-run", "--", "true")
+    assert cp.returncode == 2 and "by name only" in cp.stderr and "abc" not in cp.stderr
+
+
+def test_run_rocm_without_kfd_says_so_before_starting(tmp_path):
+    if os.path.exists("/dev/kfd"):
+        pytest.skip("this host has /dev/kfd")
+    cp = toolbox("run", "--stack", "gfx1151", "--engine", "podman", "--workspace", str(tmp_path),
+                 "--hf-cache", str(tmp_path / "hf"), "--", "true")
+    if cp.returncode == 1 and "podman is not available" in cp.stderr:
+        pytest.skip("podman missing")
+    assert cp.returncode == 1 and "/dev/kfd does not exist" in cp.stderr and "amdgpu" in cp.stderr
+
+
+def test_bad_mount(tmp_path):
+    cp = toolbox("run", "--stack", "cpu", "--engine", "podman", "--mount", f"{tmp_path}/nope:/x", "--dry-run", "--", "true")
+    assert cp.returncode == 2 and "does not exist" in cp.stderr
+    cp = toolbox("run", "--stack", "cpu", "--engine", "podman", "--mount", f"{tmp_path}:rel", "--dry-run", "--", "true")
+    assert cp.returncode == 2 and "absolute" in cp.stderr
+
+
+def test_toolbx_and_distrobox_run_in_the_named_container(tmp_path):
+    cp = toolbox("run", "--stack", "cpu", "--engine", "distrobox", "--name", "tb", "--workspace", str(tmp_path),
+                 "--dry-run", "--", "finetune", "--config", "x.yaml")
+    assert argv_of(cp) == ["distrobox", "enter", "--name", "tb", "--", "finetune", "--config", "x.yaml"]
+    cp = toolbox("run", "--stack", "cpu", "--engine", "toolbx", "--name", "tb", "--workspace", str(tmp_path),
+                 "--dry-run", "--", "finetune", "--config", "x.yaml", env={"TOOLBOX_TOOLBX": "/usr/bin/toolbox"})
+    assert argv_of(cp) == ["/usr/bin/toolbox", "run", "--container", "tb", "finetune", "--config", "x.yaml"]
+    cp = toolbox("run", "--stack", "cpu", "--engine", "distrobox", "--workspace", str(tmp_path), "--dry-run", "--", "true")
+    assert cp.returncode == 1 and "--name" in cp.stderr
+
+
+def test_create_commands():
+    from toolbox.runtime import default_tag
+    from toolbox.stack import load_stack
+
+    image = default_tag(load_stack("gfx1151"))
+    cp = toolbox("create", "--stack", "gfx1151", "--via", "distrobox", "--name", "strix", "--dry-run")
+    argv = argv_of(cp)
+    assert argv[:7] == ["distrobox", "create", "--yes", "--name", "strix", "--image", image]
+    flags = shlex.split(argv[argv.index("--additional-flags") + 1])
+    assert flags[:4] == ["--device", "/dev/kfd", "--device", "/dev/dri"]
+    assert "seccomp=unconfined" in flags and flags.count("--group-add") == 2
+    cp = toolbox("create", "--stack", "gfx1151", "--via", "toolbx", "--name", "strix", "--dry-run",
+                 env={"TOOLBOX_TOOLBX": "/usr/bin/toolbox"})
+    assert argv_of(cp) == ["/usr/bin/toolbox", "create", "--image", image, "strix"]  # no device flags
+    cp = toolbox("create", "--stack", "cpu", "--via", "distrobox", "--dry-run")
+    assert "--additional-flags" not in cp.stdout and "toolbox-cpu" in cp.stdout
+
+
+def test_distrobox_as_root_is_refused_with_a_hint():
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    cp = toolbox("create", "--stack", "cpu", "--via", "distrobox")
+    assert cp.returncode == 2 and "refuses to run as root" in cp.stderr
+
+
+def test_build_dry_run_prints_runnable_commands(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"not really")
+    cp = toolbox("build", "--stack", "cpu", "--engine", "podman", "--ca-bundle", str(ca), "--wheelhouse", str(wh),
+                 "--network", "host", "--target", "runtime", "--no-cache", "--dry-run")
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    ctx = Path(lines[0].split(": ", 1)[1])
+    assert (ctx / "Dockerfile").is_file() and (ctx / "wheelhouse" / wh.iterdir().__next__().name).is_file()
+    build = shlex.split(lines[2])
+    assert build[:2] == ["podman", "build"] and build[-1] == str(ctx)
+    for a, b in (("--secret", f"id=ca,src={ca}"), ("--network", "host"), ("--target", "runtime")):
+        assert build[build.index(a) + 1] == b
+    assert "--no-cache" in build and "-t" not in build  # tagged only after success
+    from toolbox.runtime import default_tag
+    from toolbox.stack import load_stack
+
+    assert shlex.split(lines[3]) == ["podman", "tag", '$(cat "$IIDFILE")'.replace('"', ""), default_tag(load_stack("cpu"))]
+    assert lines[1] == "IIDFILE=$(mktemp)"
+    import shutil
+
+    shutil.rmtree(ctx.parent)
+    cp = toolbox("build", "--stack", "cpu", "--engine", "docker", "--dry-run", env={"DOCKER_HOST": "unix:///x.sock"})
+    assert "DOCKER_HOST=unix:///x.sock" in cp.stdout and "docker build" in cp.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ca-bundle", "/nonexistent/ca.pem"], "--ca-bundle /nonexistent/ca.pem: no such file"),
+    (["--wheelhouse", "/nonexistent"], "--wheelhouse /nonexistent: not a directory"),
+    (["--set", "hf.peft=latest"], "hf.peft"),
+    (["--engine", "toolbx"], "invalid choice"),
+])
+def test_build_bad_input(args, message):
+    cp = toolbox("build", "--stack", "cpu", *args, "--dry-run")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert message in cp.stderr
