@@ -1,0 +1,218 @@
+"""`toolbox cluster` across two real hosts: network namespaces, a veth link, an sshd in each,
+real torch.distributed (gloo) through `launch` and `finetune`.
+
+The launcher runs inside node1's namespace (node1 is also the master), as a login node would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import netns_harness as nh
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = str(Path(sys.executable).parent)
+
+_why = nh.available()
+if _why and os.environ.get("CI"):
+    raise RuntimeError(f"cluster tests cannot run in CI: {_why}")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(_why), reason=_why or "")]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    cluster = nh.start(tmp_path_factory.mktemp("cluster") / "h", tag=str(os.getpid() % 100000))
+    try:
+        yield cluster
+    finally:
+        nh.stop(cluster)
+
+
+def toolbox(cluster, *args: str, ssh_config: Path | None = None, env: dict | None = None, timeout: float = 400,
+            background: bool = False):
+    argv = cluster.exec_argv(cluster.nodes[0], [
+        sys.executable, "-m", "toolbox", "cluster", args[0], "-F", str(ssh_config or cluster.ssh_config),
+        "--hosts", ",".join(n.name for n in cluster.nodes), "--via", "none", "--remote-path", VENV_BIN,
+        "--cpu", *args[1:]])
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    if background:
+        return subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(argv, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def train_cfg(tiny_model, tmp_path):
+    from helpers.tiny import write_dataset, write_train_config
+
+    data = write_dataset(tmp_path / "train.jsonl", "text", n=64)
+    return write_train_config(tmp_path / "train.yaml", tiny_model, data, tmp_path / "unused")
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_ddp_across_two_hosts(hosts, train_cfg, tmp_path):
+    out = tmp_path / "out"
+    r = toolbox(hosts, "launch", "--strategy", "ddp", "--nproc", "1", "--",
+                "finetune", "--config", str(train_cfg), "--set", f"output.dir={out}-{{node_rank}}",
+                "--set", "train.max_steps=8")
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    lines = log.splitlines()
+    assert any(ln.startswith("[node1]") for ln in lines) and any(ln.startswith("[node2]") for ln in lines)
+    assert "all 2 hosts have the same package versions" in log
+
+    out0, out1 = Path(f"{out}-0"), Path(f"{out}-1")
+    for rank, (node, d) in enumerate(zip(hosts.nodes, (out0, out1))):
+        s = json.loads((d / "launch" / f"settings.node{rank}.json").read_text())
+        assert s["world_size"] == 2 and s["nnodes"] == 2 and s["node_rank"] == rank
+        assert s["master"] == f"{hosts.nodes[0].addr}:29500"
+        assert s["env"]["GLOO_SOCKET_IFNAME"] == node.ifname  # traffic on the veth, not loopback
+    resolved = yaml.safe_load((out0 / "config.resolved.yaml").read_text())["_resolved"]
+    assert resolved["world_size"] == 2
+
+    m = _metrics(out0)
+    assert [x["step"] for x in m] == list(range(1, 9))
+    assert m[-1]["loss"] < m[0]["loss"]
+    # Each rank hashed its own final weights; rank 1 ran in node2's namespace.
+    summary = json.loads((out0 / "summary.json").read_text())
+    digests = summary["rank_weight_sha256"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert (out0 / "model.safetensors").is_file()
+
+
+def _worker_pids(run_marker: str | None = None) -> dict[int, int]:
+    """RANK -> pid of the training workers (their environment says RANK and TOOLBOX_CLUSTER_RUN)."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = dict(kv.split("=", 1) for kv in (d / "environ").read_bytes().decode(errors="replace").split("\0") if "=" in kv)
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"toolbox_train.finetune" in cmd and "TOOLBOX_CLUSTER_RUN" in env and "RANK" in env \
+                and b"accelerate" not in cmd:
+            found[int(env["RANK"])] = int(d.name)
+    return found
+
+
+def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
+    out = tmp_path / "out"
+    common = ["--strategy", "ddp", "--nproc", "1"]
+    cmd = ["finetune", "--config", str(train_cfg), "--set", f"output.dir={out}-{{node_rank}}",
+           "--set", "output.save_steps=10", "--set", "output.keep_checkpoints=50"]
+    proc = toolbox(hosts, "launch", *common, "--", *cmd, "--set", "train.max_steps=5000", background=True)
+    try:
+        deadline = time.monotonic() + 240
+        ckpt = Path(f"{out}-0") / "checkpoints" / "checkpoint-10"
+        while not ckpt.is_dir():
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.2)
+        pids = _worker_pids()
+        assert set(pids) == {0, 1}, pids
+        killed_at = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        log, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert took < 30, f"launcher took {took:.1f} s to exit after rank 1 was killed"
+    assert "cluster: FAILED: node2 (node rank 1)" in log, log[-3000:]
+    assert "to resume from the last checkpoint: toolbox cluster launch" in log and "--resume" in log
+    gone_by = time.monotonic() + 10
+    while _worker_pids() and time.monotonic() < gone_by:
+        time.sleep(0.2)
+    assert not _worker_pids(), "training processes left running after the stop"
+
+    done = max(x["step"] for x in _metrics(Path(f"{out}-0")))
+    assert done >= 10
+    r = toolbox(hosts, "launch", *common, "--resume", "--", *cmd, "--set", f"train.max_steps={done + 10}")
+    log2 = r.stdout + r.stderr
+    if r.returncode != 0:
+        # Known defects below `cluster` (toolbox_train / transformers), reported to the lead: node
+        # rank >= 1 has no weights in its checkpoints (only world rank 0 saves), and the optimizer
+        # state fails to load on CPU DDP (map_location "cpu:0"). Anything else fails the test.
+        known = ("skipping checkpoint" in log2 and "no trainer_state.json" in log2) \
+            or "tagged with cpu:0" in log2
+        assert known, log2[-4000:]
+        assert "cluster: FAILED:" in log2
+        pytest.xfail("multi-node resume: node rank 1 has no checkpoint weights / optimizer state fails to load "
+                     "on CPU DDP (toolbox_train)")
+    m = _metrics(Path(f"{out}-0"))
+    assert "resuming from" in log2
+    assert [x["step"] for x in m] == list(range(1, done + 11))
+
+
+def test_check_all_reduce(hosts):
+    r = toolbox(hosts, "check", "--size-mib", "4", "--iters", "3", timeout=180)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    assert "SSH ok on node1, node2" in log
+    assert "all-reduce sum 3 (expected 3) correct on 2/2 ranks; backend gloo" in log
+    assert "latency" in log and "us (8 B)" in log and "GB/s algbw" in log
+    a, b = hosts.nodes
+    assert f"node1 {a.ifname} MTU 1500, node2 {b.ifname} MTU 1500" in log
+
+
+def test_secret_reaches_host_but_never_argv(hosts):
+    """HF_TOKEN travels on the SSH channel: the remote command sees it, no command line holds it."""
+    token = "hf_test_" + os.urandom(6).hex()
+    script = (
+        "import sys; from pathlib import Path; sys.path.insert(0, %r)\n"
+        "from toolbox.cluster.ssh import SshClient; from toolbox.cluster.hosts import Host\n"
+        "c = SshClient(Path(%r)); env = {'HF_TOKEN': %r}\n"
+        "argv = c.wrapped(Host('node2', 'node2'), ['sh', '-c', 'echo \"got=$HF_TOKEN\"; cat /proc/self/cmdline'], watch=False)\n"
+        "assert %r not in ' '.join(argv)\n"
+        "p = c.run(Host('node2', 'node2'), ['sh', '-c', 'echo got=$HF_TOKEN; tr \"\\\\0\" \" \" </proc/$$/cmdline'], env=env)\n"
+        "print(p.stdout.decode())\n"
+    ) % (str(ROOT), str(hosts.ssh_config), token, token)
+    r = subprocess.run(hosts.exec_argv(hosts.nodes[0], [sys.executable, "-c", script]), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    first, cmdline = r.stdout.splitlines()[:2]
+    assert first == f"got={token}"
+    assert token not in cmdline
+
+
+def _with_known_hosts(hosts, tmp_path, node2_line: str | None) -> Path:
+    kh = tmp_path / "known_hosts"
+    lines = hosts.known_hosts.read_text().splitlines()
+    lines = [ln for ln in lines if not ln.startswith(hosts.nodes[1].addr + " ")]
+    if node2_line:
+        lines.append(node2_line)
+    kh.write_text("\n".join(lines) + "\n")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(hosts.ssh_config.read_text().replace(str(hosts.known_hosts), str(kh)))
+    return cfg
+
+
+def test_host_key_mismatch_refused(hosts, tmp_path):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    kind, key = (tmp_path / "impostor.pub").read_text().split()[:2]
+    cfg = _with_known_hosts(hosts, tmp_path, f"{hosts.nodes[1].addr} {kind} {key}")
+    r = toolbox(hosts, "check", ssh_config=cfg, timeout=60)
+    assert r.returncode == 1
+    assert "node2: host key mismatch, refusing to connect" in r.stderr
+    assert f"{tmp_path / 'known_hosts'}:" in r.stderr and "SHA256:" in r.stderr
+    assert "starting" not in r.stdout  # nothing ran on any host
+
+    cfg = _with_known_hosts(hosts, tmp_path, None)
+    r = toolbox(hosts, "check", ssh_config=cfg, timeout=60)
+    assert r.returncode == 1 and "node2: host key not in known_hosts, refusing to connect" in r.stderr

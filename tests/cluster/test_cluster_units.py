@@ -1,0 +1,118 @@
+"""The cluster command's pure parts: hosts/hostfile, SSH argv, env forwarding, mismatch table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolbox.cluster.hosts import Host, parse_hostfile, resolve_hosts
+from toolbox.cluster.probe import HostInfo, differences, parse_probe
+from toolbox.cluster.ssh import SshClient, env_preamble, explain_ssh_failure
+from toolbox.errors import ToolError, UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_hostfile_then_hosts_in_rank_order(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# cluster\nnode1 addr=192.168.100.1 ifname=enp191s0\n\nalice@node2:2222  # second\n")
+    hosts = resolve_hosts("node3", f)
+    assert [h.host for h in hosts] == ["node1", "node2", "node3"]
+    assert hosts[0].addr == "192.168.100.1" and hosts[0].ifname == "enp191s0"
+    assert hosts[1].ssh_target() == ["-p", "2222", "-l", "alice", "--", "node2"]
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("node1 slots=4", "unknown setting 'slots=4'"),
+    ("node1 addr=not-an-ip", "addr='not-an-ip' is not an IP address"),
+    ("-oProxyCommand=x", "is not a host"),
+    ("node1:99999", "port 99999 out of range"),
+])
+def test_hostfile_errors_name_file_and_line(tmp_path, line, needle):
+    f = tmp_path / "hosts"
+    f.write_text(f"node0\n{line}\n")
+    with pytest.raises(UserError) as e:
+        parse_hostfile(f)
+    assert f"{f}:2" in str(e.value) and needle in str(e.value)
+
+
+def test_duplicate_and_missing_hosts():
+    with pytest.raises(UserError, match="listed twice"):
+        resolve_hosts("a,b,a", None)
+    with pytest.raises(UserError, match="no hosts"):
+        resolve_hosts(None, None)
+
+
+def test_ssh_argv_always_verifies_host_keys(tmp_path):
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host *\n  StrictHostKeyChecking no\n")
+    argv = SshClient(cfg, ["ConnectTimeout=3"]).wrapped(Host("n", "n"), ["launch", "--x"])
+    # -o on the command line wins over the config file, so the user's config cannot turn it off.
+    assert argv[:3] == ["ssh", "-F", str(cfg)]
+    assert "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv
+    for bad in ("StrictHostKeyChecking=no", "stricthostkeychecking=off", "UserKnownHostsFile=/dev/null"):
+        with pytest.raises(UserError, match="host keys are always verified"):
+            SshClient(None, [bad])
+
+
+def test_refusal_through_the_cli_exits_2():
+    r = subprocess.run([sys.executable, "-m", "toolbox", "cluster", "check", "--hosts", "a,b", "--via", "none",
+                        "-o", "StrictHostKeyChecking=no"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "host keys are always verified" in r.stderr
+
+
+def test_secrets_go_in_the_stdin_preamble_not_argv(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_sekrit_value")
+    from toolbox.cluster.nodecmd import node_env
+
+    info = HostInfo(Host("n", "n", ifname="eth9"))
+    env = node_env(info, 1, "run1", "ethernet", [], None, None)
+    assert env["HF_TOKEN"] == "hf_sekrit_value" and env["GLOO_SOCKET_IFNAME"] == "eth9"
+    argv = SshClient().wrapped(info.host, ["launch", "--node-rank", "1"])
+    assert not any("sekrit" in a for a in argv)
+    assert b"HF_TOKEN=hf_sekrit_value\n" in env_preamble(env)
+    with pytest.raises(UserError, match="line break"):
+        env_preamble({"X": "a\nb"})
+    with pytest.raises(UserError, match="--env NOPE_NOT_SET"):
+        node_env(info, 0, "r", "ethernet", ["NOPE_NOT_SET"], None, None)
+
+
+def test_probe_parsing_and_difference_table():
+    text = ("hostname\th1\nssh\t10.0.0.9 5000 10.0.0.1 22\naddr\tlo 127.0.0.1\naddr\teth0 10.0.0.1\n"
+            "mtu\teth0 9000\npython\t3.11.7\npkg\ttorch 2.13.0+cpu\npkg\ttrl 1.15.0\n")
+    a = parse_probe(Host("h1", "h1"), text)
+    b = parse_probe(Host("h2", "h2"), text.replace("trl 1.15.0", "trl 1.14.0").replace("h1", "h2"))
+    assert a.ssh_server_addr == "10.0.0.1" and a.iface_of("10.0.0.1") == "eth0" and a.mtu["eth0"] == 9000
+    assert differences([a, b]) == [("package trl", ["1.15.0", "1.14.0"])]
+
+    from rich.console import Console
+
+    from toolbox.cluster.app import _verify_same
+
+    console = Console(record=True, width=120)
+    with pytest.raises(ToolError, match="1 difference"):
+        _verify_same(console, [a, b], "none", allow=False)
+    out = console.export_text()
+    assert "package trl" in out and "1.14.0" in out and "h2" in out
+
+
+def test_image_labels_compared():
+    img = '{"Id": "sha256:aa", "RepoDigests": ["x@sha256:bb"], "Labels": {"io.github.toolbox.torch": "2.13.0", "other": "1"}}'
+    info = parse_probe(Host("h", "h"), f"image\t{img}\n")
+    assert info.software == {"image id": "sha256:aa", "image digest": "sha256:bb", "label torch": "2.13.0"}
+
+
+def test_ssh_failure_messages():
+    h = Host("node2", "node2")
+    changed = ("@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\nThe fingerprint for the ED25519 key sent "
+               "by the remote host is\nSHA256:abcDEF.\nOffending ED25519 key in /k/known_hosts:2\n"
+               "Host key for 10.0.0.2 has changed and you have requested strict checking.\n"
+               "Host key verification failed.\n")
+    msg = explain_ssh_failure(h, changed)
+    assert "host key mismatch" in msg and "SHA256:abcDEF" in msg and "/k/known_hosts:2" in msg
+    assert "ssh-keygen -R 10.0.0.2" in msg
+    assert "not in known_hosts" in explain_ssh_failure(h, "No ED25519 host key is known for x\nHost key verification failed.\n")
+    assert "authentication failed" in explain_ssh_failure(h, "root@x: Permission denied (publickey).")
