@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1.7
-# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 55c2994face3).
+# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock a8fdbcc4593f).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -219,12 +219,12 @@ LABEL \
     io.github.toolbox.bitsandbytes.version="0.50.1" \
     io.github.toolbox.datasets.version="4.3.0" \
     io.github.toolbox.gpu_targets="gfx1151" \
-    io.github.toolbox.lock-digest="55c2994face3" \
+    io.github.toolbox.lock-digest="a8fdbcc4593f" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
     io.github.toolbox.rccl.commit="0f191289ffadcebdb65391c5d9ddacccfbffae36" \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
-    io.github.toolbox.rccl.patches.sha256="9d9b06fbd0be08cdd04161d493f5af22d26c93274a3d16501af200b555826453" \
+    io.github.toolbox.rccl.patches.sha256="776e21ba2e4ba673543e99f1dd1dc207eacd749fb1ebb327d73628c35487a24a" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
     io.github.toolbox.rocm.source="tarball" \
     io.github.toolbox.rocm.tarball.sha256="unverified" \
@@ -247,4 +247,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-early2026" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="55c2994face3"
+    org.opencontainers.image.version="a8fdbcc4593f"
