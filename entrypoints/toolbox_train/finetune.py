@@ -428,15 +428,33 @@ def trainer_class(p: Plan):
 
             return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
+        grad_allreduce_calls = 0
+
+        def _count_allreduces(self, model):
+            # Test hook (TOOLBOX_COUNT_GRAD_ALLREDUCE=1): DDP's own all-reduce, counted per bucket.
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def hook(state, bucket):
+                self.grad_allreduce_calls += 1
+                return allreduce_hook(state, bucket)
+
+            model.register_comm_hook(None, hook)
+
         def training_step(self, model, inputs, num_items_in_batch=None):
+            if not getattr(self, "_hooked", False):
+                self._hooked = True
+                if os.environ.get("TOOLBOX_COUNT_GRAD_ALLREDUCE") == "1" and hasattr(model, "register_comm_hook"):
+                    self._count_allreduces(model)
             if ksteps and self.accelerator.num_processes > 1:
                 if self._local_sgd is None:
                     from accelerate.local_sgd import LocalSGD
 
-                    # Enters DDP's no_sync for the whole run: parameters are averaged every K steps instead.
                     self._local_sgd = LocalSGD(self.accelerator, model, ksteps, enabled=True)
-                    self._local_sgd.__enter__()
                     log(f"LocalSGD: averaging parameters every {ksteps} optimizer steps (no per-step all-reduce)")
+                # Per micro-step, so it nests inside the Trainer's own no_sync of accumulation steps
+                # (one no_sync held for the whole run is undone when an inner one exits).
+                with model.no_sync():
+                    return super().training_step(model, inputs, num_items_in_batch)
             return super().training_step(model, inputs, num_items_in_batch)
 
         def optimizer_step_done(self):
@@ -445,7 +463,7 @@ def trainer_class(p: Plan):
 
         def finish_local_sgd(self):
             if self._local_sgd is not None:
-                self._local_sgd.__exit__(None, None, None)
+                self._local_sgd._sync_and_avg_model_params()  # the last average, as LocalSGD's __exit__ does
                 self._local_sgd = None
 
     return Trainer
@@ -580,6 +598,8 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         # Every rank must end with the same weights (DDP, or LocalSGD after its last average).
         summary["rank_weight_sha256"] = trainer.accelerator.gather_for_metrics(
             [weights_digest(trainer.accelerator.unwrap_model(trainer.model))], use_gather_object=True)
+    if os.environ.get("TOOLBOX_COUNT_GRAD_ALLREDUCE") == "1":
+        summary["grad_allreduce_calls"] = trainer.grad_allreduce_calls
     summary["peak_mem_gib"] = round(peak_mem_gib(), 4)
     summary.setdefault("steps", trainer.state.global_step)
     if trainer.is_world_process_zero():

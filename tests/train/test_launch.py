@@ -54,12 +54,16 @@ def test_ddp_two_cpu_processes(tmp_path, tiny_model):
     out = tmp_path / "out"
     cfg = _cfg(tmp_path, tiny_model, out)
     r = subprocess.run([*_launch_cmd(), "--strategy", "ddp", "--nproc", "2", "--cpu", "--",
-                        "finetune", "--config", str(cfg)], capture_output=True, text=True, env=_env(), timeout=400)
+                        "finetune", "--config", str(cfg)], capture_output=True, text=True, timeout=400,
+                       env={**_env(), "TOOLBOX_COUNT_GRAD_ALLREDUCE": "1"})
     assert r.returncode == 0, r.stderr[-4000:]
     assert "launch: resolved settings" in r.stderr and "world_size: 2" in r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     digests = summary["rank_weight_sha256"]
     assert len(digests) == 2 and digests[0] == digests[1]  # both ranks hold identical weights
+    # 6 optimizer steps x 2 micro-steps: the gradient all-reduce runs on the last micro-step only
+    # (the tiny model's gradients fit in one DDP bucket).
+    assert summary["grad_allreduce_calls"] == 6
     m = _metrics(out)
     assert [x["step"] for x in m] == list(range(1, 7))  # rank 0 alone logs
     assert m[-1]["loss"] < m[0]["loss"]
@@ -85,7 +89,8 @@ def test_two_nodes_on_loopback_c10d_local_sgd(tmp_path, tiny_model):
             [*_launch_cmd(), "--strategy", "ddp", "--nproc", "1", "--cpu", "--nnodes", "2", "--node-rank",
              str(rank), "--master-addr", "127.0.0.1", "--master-port", port, "--sync", "local-sgd:2",
              "--max-restarts", "0", "--", "finetune", "--config", str(cfgn)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**_env(), "TOOLBOX_COUNT_GRAD_ALLREDUCE": "1"}))
     results = [p.communicate(timeout=400) for p in procs]
     for p, (so, se) in zip(procs, results):
         assert p.returncode == 0, se[-4000:]
@@ -95,6 +100,7 @@ def test_two_nodes_on_loopback_c10d_local_sgd(tmp_path, tiny_model):
     summary = json.loads(results[0][0].strip().splitlines()[-1])
     d = summary["rank_weight_sha256"]
     assert len(d) == 2 and d[0] == d[1]  # LocalSGD's final average leaves both nodes equal
+    assert summary["grad_allreduce_calls"] == 0  # parameters averaged instead of gradients
     settings = json.loads((tmp_path / "node1" / "launch" / "settings.node1.json").read_text())
     assert settings["node_rank"] == 1 and settings["world_size"] == 2
     resolved = yaml.safe_load((tmp_path / "node0" / "config.resolved.yaml").read_text())["_resolved"]
