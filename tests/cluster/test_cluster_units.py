@@ -100,9 +100,11 @@ def test_probe_parsing_and_difference_table():
 
 
 def test_image_labels_compared():
-    img = '{"Id": "sha256:aa", "RepoDigests": ["x@sha256:bb"], "Labels": {"io.github.toolbox.torch": "2.13.0", "other": "1"}}'
+    img = 'aa11 sha256:bb {"io.github.toolbox.torch.version":"2.13.0","other":"1"}'
     info = parse_probe(Host("h", "h"), f"image\t{img}\n")
-    assert info.software == {"image id": "sha256:aa", "image digest": "sha256:bb", "label torch": "2.13.0"}
+    assert info.software == {"image id": "aa11", "image digest": "sha256:bb", "label torch.version": "2.13.0"}
+    bad = parse_probe(Host("h", "h"), "image\tError: nope: image not known\n")
+    assert bad.errors and "image not known" in bad.errors[0]
 
 
 def test_ssh_failure_messages():
@@ -116,3 +118,23 @@ def test_ssh_failure_messages():
     assert "ssh-keygen -R 10.0.0.2" in msg
     assert "not in known_hosts" in explain_ssh_failure(h, "No ED25519 host key is known for x\nHost key verification failed.\n")
     assert "authentication failed" in explain_ssh_failure(h, "root@x: Permission denied (publickey).")
+
+
+def test_podman_node_command_passes_env_by_name_and_devices(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    from toolbox.cluster.nodecmd import launch_argv, node_env, wrap_via
+
+    info = HostInfo(Host("n2", "n2", ifname="enp1"), devices=["/dev/kfd", "/dev/dri", "/dev/infiniband"])
+    env = node_env(info, 1, "abcd", "rdma", [], None, "/work/run")
+    argv = launch_argv("ddp", 2, 1, "10.0.0.1", 29500, "rdma", None, None, False, ["finetune", "--config", "t.yaml"])
+    cmd = wrap_via("podman", "localhost/toolbox-gfx1151:x", info, env, argv, "rdma", "/work/run")
+    assert cmd[:3] == ["podman", "run", "--rm"] and "--network" in cmd and cmd[cmd.index("--network") + 1] == "host"
+    assert env["TOOLBOX_CONTAINER"] == "toolbox-abcd-1" and cmd[cmd.index("--name") + 1] == "toolbox-abcd-1"
+    for d in ("/dev/kfd", "/dev/dri", "/dev/infiniband"):
+        assert d in cmd
+    assert "-v" in cmd and "/work/run:/work/run" in cmd
+    i = cmd.index("localhost/toolbox-gfx1151:x")
+    assert cmd[i + 1:i + 3] == ["launch", "--strategy"] and cmd[-3:] == ["finetune", "--config", "t.yaml"]
+    assert "HF_TOKEN" in cmd and "hf_x" not in " ".join(cmd)  # -e NAME: the value stays in the environment
+    assert "--node-rank" in cmd and cmd[cmd.index("--node-rank") + 1] == "1"
+    assert cmd[cmd.index("--transport") + 1] == "rdma" and "NCCL_IB_DISABLE" not in env  # launch sets the RDMA env

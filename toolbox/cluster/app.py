@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import shlex
 import sys
@@ -37,6 +38,9 @@ def _setup(args: argparse.Namespace):
     base_env = {}
     if args.remote_path:
         base_env["TOOLBOX_PATH_PREFIX"] = args.remote_path
+    for name in args.env or []:  # e.g. CONTAINERS_CONF: the probe's podman must see it too
+        if name in os.environ:
+            base_env[name] = os.environ[name]
     prober = Prober(ssh, args.via, target, base_env)
     return hosts, ssh, prober, target
 

@@ -63,10 +63,11 @@ def wrap_via(via: str, target: str, info: HostInfo, env: dict[str, str], argv: l
              transport: str, workdir: str | None) -> list[str]:
     if via == "none":
         return argv
-    names = [n for n in env if not n.startswith("TOOLBOX_PATH")]
+    names = [n for n in env if n not in ("TOOLBOX_PATH_PREFIX", "TOOLBOX_WORKDIR", "PATH")]
     if via == "podman":
-        run = ["podman", "run", "--rm", "--init", "--network", "host", "--ipc", "host",
-               "--name", f"toolbox-{env['TOOLBOX_CLUSTER_RUN']}-{env['TOOLBOX_NODE_RANK']}"]
+        name = f"toolbox-{env['TOOLBOX_CLUSTER_RUN']}-{env['TOOLBOX_NODE_RANK']}"
+        env["TOOLBOX_CONTAINER"] = name  # the node wrapper stops it by name
+        run = ["podman", "run", "--rm", "--network", "host", "--ipc", "host", "--name", name]
         if "/dev/kfd" in info.devices:
             run += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "keep-groups",
                     "--security-opt", "seccomp=unconfined"]

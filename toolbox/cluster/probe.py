@@ -26,6 +26,7 @@ _PYPROBE = (
 # $1 = via mode, $2 = image or container, $3 = master address (may be empty).
 PROBE_SCRIPT = r"""
 mode=$1 target=$2 master=$3
+fmt='{{.Id}} {{.Digest}} {{json .Labels}}'
 echo "hostname	$(hostname)"
 echo "ssh	${SSH_CONNECTION:-}"
 ip -o -4 addr show 2>/dev/null | while read -r _ dev _ cidr _; do echo "addr	$dev ${cidr%/*}"; done
@@ -35,10 +36,10 @@ for d in /dev/kfd /dev/dri /dev/infiniband /dev/nvidiactl; do [ -e "$d" ] && ech
 for r in /sys/class/infiniband/*; do [ -e "$r" ] && echo "rdma	${r##*/}"; done
 case "$mode" in
   none) python3 -c "$4" || echo "error	python3 failed on this host" ;;
-  podman) podman image inspect --format '{{json .}}' "$target" 2>&1 | sed 's/^/image	/' ;;
+  podman) podman image inspect --format "$fmt" "$target" 2>&1 | sed 's/^/image	/' ;;
   toolbx|distrobox)
     img=$(podman container inspect --format '{{.Image}}' "$target" 2>&1) || { echo "error	no container $target: $img"; exit 0; }
-    podman image inspect --format '{{json .}}' "$img" 2>&1 | sed 's/^/image	/' ;;
+    podman image inspect --format "$fmt" "$img" 2>&1 | sed 's/^/image	/' ;;
 esac
 """
 
@@ -92,15 +93,20 @@ def parse_probe(host: Host, text: str) -> HostInfo:
             name, _, version = value.partition(" ")
             info.software[f"package {name}"] = version
         elif key == "image":
+            # "<id> <digest> <labels as JSON>" (podman 4.3 ignores a whole-object {{json .}})
+            parts = value.split(" ", 2)
             try:
-                image = json.loads(value)
+                labels = json.loads(parts[2]) if len(parts) == 3 else None
             except ValueError:
+                labels = None
+            if labels is not None and not isinstance(labels, dict):
+                labels = {}  # an image without labels prints null
+            if labels is None or not parts[0]:
                 info.errors.append(f"image: {value}")
                 continue
-            info.software["image id"] = image.get("Id", "-")
-            digests = sorted(image.get("RepoDigests") or [])
-            info.software["image digest"] = digests[0].split("@")[-1] if digests else image.get("Digest") or "-"
-            for label, v in sorted((image.get("Labels") or {}).items()):
+            info.software["image id"] = parts[0]
+            info.software["image digest"] = parts[1]
+            for label, v in sorted(labels.items()):
                 if label.startswith("io.github.toolbox."):
                     info.software[f"label {label.removeprefix('io.github.toolbox.')}"] = v
         elif key == "error":

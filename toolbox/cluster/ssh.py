@@ -40,6 +40,8 @@ setsid "$@" </dev/null &
 pid=$!
 (
   while IFS= read -r _; do :; done <&3
+  # A container's PID 1 ignores TERM without a handler; podman stop KILLs it after 5 s.
+  if [ -n "${TOOLBOX_CONTAINER:-}" ]; then podman stop -t 5 "$TOOLBOX_CONTAINER" & fi
   kill -TERM -"$pid" 2>/dev/null || exit 0
   sleep 5
   kill -KILL -"$pid" 2>/dev/null
