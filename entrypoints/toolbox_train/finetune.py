@@ -170,6 +170,9 @@ def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite:
         if fsdp and cfg.method == "lora-8bit":
             raise UserError("method: lora-8bit does not shard under FSDP; use qlora or lora")
     if backend == "unsloth" and import_backend:
+        # docs/benchmarks.md: Unsloth's auto padding-free cost 9% tokens/s (LoRA, H200, full-length
+        # rows) and put finetune under the bare Unsloth loop; read when unsloth is imported.
+        os.environ.setdefault("UNSLOTH_DISABLE_AUTO_PADDING_FREE", "1")
         import unsloth  # noqa: F401  (must come before transformers/trl/peft to patch them)
     model_path = resolve_model(cfg, base)
     mc = load_model_config(model_path, cfg)
