@@ -173,6 +173,8 @@ def _suite_explore(shape: str, primary: bool) -> list[Row]:
             label="finetune hf full, no checkpointing, batch 16"),
         Row("finetune", "unsloth", "lora", shape, {"padding_free": False},
             label="finetune unsloth lora, Unsloth's padding-free off"),
+        Row("finetune", "unsloth", "lora", shape, {"padding_free": True},
+            label="finetune unsloth lora, Unsloth's auto padding-free on"),
     ]
 
 
@@ -736,9 +738,10 @@ def _stdev(xs: list[float]) -> float:
 def worker(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     t0 = time.time()
-    if spec["options"].get("padding_free") is False:
-        os.environ["UNSLOTH_DISABLE_AUTO_PADDING_FREE"] = "1"  # read when unsloth is imported
-    if spec["backend"] == "unsloth":
+    pf = spec["options"].get("padding_free")
+    if pf is not None:  # Unsloth's auto padding-free (finetune turns it off unless told): read at import
+        os.environ["UNSLOTH_DISABLE_AUTO_PADDING_FREE"] = "0" if pf else "1"
+    if spec["backend"] == "unsloth" and spec["kind"] in ("bare", "memscale"):  # finetune imports it itself
         import unsloth  # noqa: F401  (must patch transformers/trl/peft before they are imported)
     import torch
 
