@@ -26,7 +26,7 @@ def available() -> str | None:
     """Why the harness cannot run here, or None."""
     if os.geteuid() != 0:
         return "needs root for ip netns"
-    for tool in ("ip", "ssh", "ssh-keygen"):
+    for tool in ("ip", "nsenter", "ssh", "ssh-keygen"):
         if not shutil.which(tool):
             return f"{tool} not installed"
     if not Path("/usr/sbin/sshd").exists():
@@ -57,7 +57,7 @@ class TwoHosts:
         return self.root / "known_hosts"
 
     def exec_argv(self, node: Node, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", node.netns, *argv]
+        return netns_argv(node, argv)
 
     def ssh(self, node: Node, command: str, timeout: float = 20) -> subprocess.CompletedProcess:
         """Plain ssh from node1's namespace (checks the harness itself)."""
@@ -70,6 +70,12 @@ class TwoHosts:
             pub = keys[node.name].read_text().split()
             lines.append(f"{node.addr} {pub[0]} {pub[1]}")
         self.known_hosts.write_text("\n".join(lines) + "\n")
+
+
+def netns_argv(node: Node, argv: list[str]) -> list[str]:
+    # nsenter joins only the network namespace; `ip netns exec` would also remount /sys, which
+    # hides /sys/fs/cgroup from everything started there (runc then cannot create containers).
+    return ["nsenter", f"--net=/run/netns/{node.netns}", "--", *argv]
 
 
 def _wait_port(node: Node, deadline: float) -> None:
@@ -119,7 +125,7 @@ def start(root: Path, tag: str) -> TwoHosts:
                 "UsePAM no\nStrictModes no\nPrintMotd no\nLogLevel ERROR\n"
                 "MaxStartups 50\nMaxSessions 50\n"
             )
-            proc = subprocess.Popen(["ip", "netns", "exec", node.netns, "/usr/sbin/sshd", "-D", "-e", "-f", str(conf)],
+            proc = subprocess.Popen(netns_argv(node, ["/usr/sbin/sshd", "-D", "-e", "-f", str(conf)]),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=open(root / f"sshd_{node.name}.log", "wb"))
             node.sshd_pid = proc.pid

@@ -216,3 +216,67 @@ def test_host_key_mismatch_refused(hosts, tmp_path):
     cfg = _with_known_hosts(hosts, tmp_path, None)
     r = toolbox(hosts, "check", ssh_config=cfg, timeout=60)
     assert r.returncode == 1 and "node2: host key not in known_hosts, refusing to connect" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def cpu_image_tag():
+    """The cpu stack's image (built by `toolbox build`, reused when the engine tests made it)."""
+    if not shutil.which("podman"):
+        if os.environ.get("CI"):
+            pytest.fail("podman is not installed (.ci/apt-packages.txt lists it)")
+        pytest.skip("podman not installed")
+    sys.path.insert(0, str(ROOT / "tests" / "engines"))
+    from enginekit import BASE_REF, CACHE, ca_bundle, podman, toolbox as tb, wheelhouse  # sets CONTAINERS_CONF
+
+    from toolbox.runtime import default_tag
+    from toolbox.stack import load_stack
+
+    tag = default_tag(load_stack("cpu"))
+    if podman("image", "exists", tag, check=False).returncode != 0:
+        if podman("image", "exists", BASE_REF, check=False).returncode != 0:
+            # The engine tests' recipe and cache: a debootstrapped bookworm imported as the base.
+            tarball = CACHE / "bookworm-minbase.tar"
+            if not tarball.exists():
+                rootfs = CACHE / "bookworm-rootfs-cluster"
+                shutil.rmtree(rootfs, ignore_errors=True)
+                CACHE.mkdir(parents=True, exist_ok=True)
+                subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs),
+                                "http://deb.debian.org/debian"], check=True, capture_output=True, timeout=1200)
+                tmp = tarball.with_suffix(".cluster.tmp")
+                subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tmp), "."], check=True)
+                tmp.rename(tarball)
+                shutil.rmtree(rootfs, ignore_errors=True)
+            podman("import", str(tarball), BASE_REF)
+        cp = tb("build", "--stack", "cpu", "--engine", "podman", "--ca-bundle", str(ca_bundle()),
+                "--wheelhouse", str(wheelhouse()), check=True)
+        tag = next(line.split(None, 1)[1].strip() for line in cp.stdout.splitlines() if line.startswith("image:"))
+    return tag
+
+
+def test_ddp_across_two_hosts_via_podman(hosts, cpu_image_tag, tiny_model, tmp_path):
+    from helpers.tiny import write_dataset, write_train_config
+
+    wd = tmp_path / "wd"  # mounted at the same path in each node's container
+    shutil.copytree(tiny_model, wd / "model")
+    data = write_dataset(wd / "train.jsonl", "text", n=64)
+    cfg = write_train_config(wd / "train.yaml", wd / "model", data, wd / "unused")
+    r = toolbox(hosts, "launch", "--via", "podman", "--image", cpu_image_tag, "--env", "CONTAINERS_CONF",
+                "--workdir", str(wd), "--strategy", "ddp", "--nproc", "1", "--",
+                "finetune", "--config", str(cfg), "--set", f"output.dir={wd}/out-{{node_rank}}",
+                "--set", "train.max_steps=6",
+                env={"CONTAINERS_CONF": os.environ["CONTAINERS_CONF"]})
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    assert "all 2 hosts have the same image id, digest and pins" in log
+    lines = log.splitlines()
+    assert any(ln.startswith("[node1]") for ln in lines) and any(ln.startswith("[node2]") for ln in lines)
+    out0 = wd / "out-0"
+    s1 = json.loads((wd / "out-1" / "launch" / "settings.node1.json").read_text())
+    assert s1["world_size"] == 2 and s1["env"]["GLOO_SOCKET_IFNAME"] == hosts.nodes[1].ifname
+    m = _metrics(out0)
+    assert len(m) == 6 and m[-1]["loss"] < m[0]["loss"]
+    digests = json.loads((out0 / "summary.json").read_text())["rank_weight_sha256"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    left = subprocess.run(["podman", "ps", "-a", "--filter", "name=^toolbox-", "--format", "{{.Names}}"],
+                          capture_output=True, text=True).stdout.split()
+    assert not [n for n in left if n.count("-") == 2], left
