@@ -1014,7 +1014,7 @@ def render_chart(results: dict, path: Path) -> Path:
             ax.tick_params(axis="x", labelsize=7)
     d = results.get("device", {})
     fig.suptitle(f"finetune vs references on {d.get('name')}, seq {results['seq']}, batch {results['batch']}, bf16 "
-                 "(grey: bare loops, orange: TRL direct, blue: finetune)", fontsize=9)
+                 "(grey: bare loops, orange: TRL direct, blue: finetune, purple: launch)", fontsize=9)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=110)
