@@ -47,7 +47,18 @@ def toolbox(cluster, *args: str, ssh_config: Path | None = None, env: dict | Non
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     if background:
         return subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(argv, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the launcher stops every node on Ctrl-C
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"toolbox cluster {args[0]} still running after {timeout:.0f} s:\n{(out + err)[-5000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.fixture
@@ -143,7 +154,8 @@ def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
 
     done = max(x["step"] for x in _metrics(Path(f"{out}-0")))
     assert done >= 10
-    r = toolbox(hosts, "launch", *common, "--resume", "--", *cmd, "--set", f"train.max_steps={done + 10}")
+    r = toolbox(hosts, "launch", *common, "--resume", "--", *cmd, "--set", f"train.max_steps={done + 10}",
+                timeout=300)
     log2 = r.stdout + r.stderr
     if r.returncode != 0:
         # Known defects below `cluster` (toolbox_train / transformers), reported to the lead: node
