@@ -4,6 +4,7 @@ and renamed when whole; resume takes the newest one that passes a sanity check."
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -53,10 +54,27 @@ def problem(cp: Path) -> str | None:
     return None
 
 
+def publish(staged: Path, final: Path) -> None:
+    """Rename a finished checkpoint into place. Another node sharing the folder may have been
+    first: then only the files it lacks (this node's RNG states) are moved in."""
+    if final.exists() and problem(final) is not None:
+        shutil.rmtree(final, ignore_errors=True)  # a stale, broken one of the same step
+    if final.exists():
+        for f in staged.iterdir():
+            if not (final / f.name).exists():
+                os.replace(f, final / f.name)
+        shutil.rmtree(staged, ignore_errors=True)
+        return
+    try:
+        os.replace(staged, final)
+    except OSError:  # lost the race just now
+        publish(staged, final)
+
+
 def newest_complete(root: Path, warn=lambda m: print(m, file=sys.stderr)) -> Path | None:
-    partial = root / PARTIAL
-    if partial.is_dir() and any(partial.iterdir()):
-        warn(f"finetune: warning: skipping incomplete checkpoint(s) in {partial}")
+    for partial in sorted(root.glob(f"{PARTIAL}*")) if root.is_dir() else []:
+        if partial.is_dir() and any(partial.iterdir()):
+            warn(f"finetune: warning: skipping incomplete checkpoint(s) in {partial}")
     for cp in reversed(listed(root)):
         why = problem(cp)
         if why is None:

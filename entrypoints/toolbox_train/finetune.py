@@ -399,7 +399,9 @@ def trainer_class(p: Plan):
 
         def _save_checkpoint(self, model, trial):
             root = Path(self.args.output_dir)
-            staging = root / checkpoints.PARTIAL
+            # Per node: with several nodes each saves its own copy (save_on_each_node), into one
+            # shared folder or each into its own disk.
+            staging = root / f"{checkpoints.PARTIAL}-node{os.environ.get('GROUP_RANK', '0')}"
             name = f"{checkpoints.PREFIX}{self.state.global_step}"
             if self.is_local_process_zero():
                 shutil.rmtree(staging / name, ignore_errors=True)
@@ -414,8 +416,7 @@ def trainer_class(p: Plan):
                 self._staging = None
             self.accelerator.wait_for_everyone()
             if self.is_local_process_zero() and (staging / name).exists():
-                shutil.rmtree(root / name, ignore_errors=True)
-                os.replace(staging / name, root / name)
+                checkpoints.publish(staging / name, root / name)
                 try:
                     staging.rmdir()
                 except OSError:
@@ -459,6 +460,25 @@ def trainer_class(p: Plan):
                 with model.no_sync():
                     return super().training_step(model, inputs, num_items_in_batch)
             return super().training_step(model, inputs, num_items_in_batch)
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            if p.gpu or checkpoint is None:
+                return super()._load_optimizer_and_scheduler(checkpoint)
+            # CPU ranks save their optimizer state tagged "cpu:0", and transformers loads it with
+            # map_location=args.device under DDP, which torch cannot restore: map to plain "cpu".
+            import torch
+
+            orig = torch.load
+
+            def load(f, *a, **kw):
+                kw["map_location"] = "cpu"
+                return orig(f, *a, **kw)
+
+            torch.load = load
+            try:
+                return super()._load_optimizer_and_scheduler(checkpoint)
+            finally:
+                torch.load = orig
 
         def optimizer_step_done(self):
             if self._local_sgd is not None:
@@ -521,6 +541,7 @@ def sft_args(p: Plan, dist: Dist):
         include_num_input_tokens_seen="non_padding",
         dataloader_num_workers=0,
         save_only_model=False,
+        save_on_each_node=dist.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", dist.world_size)),
         restore_callback_states_from_checkpoint=False,
     )
 
@@ -589,6 +610,14 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                       processing_class=tok, peft_config=peft_cfg,
                       callbacks=make_callbacks(p, summary) + [_LocalSGDStep()])
+    if args.save_on_each_node:
+        # transformers 5.x writes model weights on global rank 0 only, whatever save_on_each_node
+        # says; each node's first rank must write them too, or no other node can resume.
+        from transformers import PreTrainedModel
+
+        for mod in trainer.model.modules():
+            if isinstance(mod, PreTrainedModel):
+                mod.should_save_on_this_rank = lambda is_main_process: is_main_process
     if len(trainer.train_dataset) == 0:
         raise UserError(f"data: every example lost its whole completion to truncation at data.max_seq_length "
                         f"{p.cfg.data.max_seq_length}; raise it")

@@ -77,35 +77,47 @@ def test_ddp_two_cpu_processes(tmp_path, tiny_model):
     assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("checkpoint-")]
 
 
-def test_two_nodes_on_loopback_c10d_local_sgd(tmp_path, tiny_model):
-    write_dataset(tmp_path / "d.jsonl", "text", n=64)
+def _two_nodes(tmp_path, model, extra_env=None, resume=False):
     port = str(_free_port())
     procs = []
-    for rank in (0, 1):  # separate output folders, as on two machines
-        cfgn = write_train_config(tmp_path / f"n{rank}.yaml", tiny_model, tmp_path / "d.jsonl",
+    for rank in (0, 1):  # separate output folders, as on two machines with their own disks
+        cfgn = write_train_config(tmp_path / f"n{rank}.yaml", model, tmp_path / "d.jsonl",
                                   tmp_path / f"node{rank}", **{"train.max_steps": 4, "train.per_device_batch_size": 2,
-                                                              "train.batch_size": 8})
+                                                              "train.batch_size": 8, "output.save_steps": 2})
         procs.append(subprocess.Popen(
             [*_launch_cmd(), "--strategy", "ddp", "--nproc", "1", "--cpu", "--nnodes", "2", "--node-rank",
              str(rank), "--master-addr", "127.0.0.1", "--master-port", port, "--sync", "local-sgd:2",
-             "--max-restarts", "0", "--", "finetune", "--config", str(cfgn)],
+             "--max-restarts", "0", "--", "finetune", "--config", str(cfgn), *(["--resume"] if resume else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**_env(), "TOOLBOX_COUNT_GRAD_ALLREDUCE": "1"}))
+            env={**_env(), "TOOLBOX_COUNT_GRAD_ALLREDUCE": "1", **(extra_env or {})}))
     results = [p.communicate(timeout=400) for p in procs]
     for p, (so, se) in zip(procs, results):
         assert p.returncode == 0, se[-4000:]
+    return results
+
+
+def test_two_nodes_on_loopback_c10d_local_sgd_and_resume(tmp_path, tiny_model):
+    write_dataset(tmp_path / "d.jsonl", "text", n=64)
+    # Stopped after step 2 on both nodes, then resumed: each node resumes from its own checkpoint.
+    _two_nodes(tmp_path, tiny_model, {"TOOLBOX_STOP_AFTER_STEP": "2"})
+    cp1 = tmp_path / "node1" / "checkpoints" / "checkpoint-2"
+    assert (cp1 / "rng_state_1.pth").exists() and (cp1 / "trainer_state.json").exists()  # node 1's own copy
+    results = _two_nodes(tmp_path, tiny_model, resume=True)
     err0 = results[0][1]
     assert "rendezvous: c10d" in err0 and "'GLOO_SOCKET_IFNAME': 'lo'" in err0
     assert "'NCCL_IB_DISABLE': '1'" in err0 and "sync: local-sgd:2" in err0
+    assert "resuming from" in err0 and "checkpoint-2" in err0
     summary = json.loads(results[0][0].strip().splitlines()[-1])
+    assert summary["steps"] == 4
     d = summary["rank_weight_sha256"]
     assert len(d) == 2 and d[0] == d[1]  # LocalSGD's final average leaves both nodes equal
     assert summary["grad_allreduce_calls"] == 0  # parameters averaged instead of gradients
+    assert "LocalSGD: averaging parameters every 2 optimizer steps" in err0
+    assert [m["step"] for m in _metrics(tmp_path / "node0")] == [1, 2, 3, 4]
     settings = json.loads((tmp_path / "node1" / "launch" / "settings.node1.json").read_text())
     assert settings["node_rank"] == 1 and settings["world_size"] == 2
     resolved = yaml.safe_load((tmp_path / "node0" / "config.resolved.yaml").read_text())["_resolved"]
     assert resolved["sync"] == "local-sgd:2" and resolved["gradient_accumulation_steps"] == 2
-    assert "LocalSGD: averaging parameters every 2 optimizer steps" in err0
 
 
 @pytest.mark.parametrize("arch,layer", [("llama", "LlamaDecoderLayer"), ("qwen3", "Qwen3DecoderLayer"),

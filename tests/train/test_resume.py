@@ -63,7 +63,7 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path, tiny_model, monkeypa
     assert [r["step"] for r in cut] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in cut] == pytest.approx(ref_loss, abs=1e-5)
     assert _cps(out) == ["checkpoint-6", "checkpoint-7"]  # keep last 2; the last step is always saved
-    assert not (out / "checkpoints" / ".partial").exists()
+    assert not list((out / "checkpoints").glob(".partial*"))
 
 
 def test_incomplete_and_corrupt_checkpoints_are_skipped(tmp_path, tiny_model, monkeypatch, capsys):
@@ -97,3 +97,23 @@ def test_a_torchrun_restart_resumes_instead_of_refusing(tmp_path, tiny_model, mo
     assert s["steps"] == STEPS
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, STEPS + 1))  # continued from step 4, not started over
+
+
+def test_publish_merges_into_a_copy_another_node_published(tmp_path, tiny_model, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("TOOLBOX_STOP_AFTER_STEP", "2")
+    finetune.run(_cfg(tmp_path, tiny_model, out, "full"))
+    cp = out / "checkpoints" / "checkpoint-2"
+    other = tmp_path / "node1" / "checkpoint-2"  # node 1's copy: same files plus its own RNG state
+    shutil.copytree(cp, other)
+    (other / "rng_state_1.pth").write_bytes(b"node1")
+    (other / "trainer_state.json").write_text("{}")  # must not replace node 0's
+    before = (cp / "trainer_state.json").read_text()
+    checkpoints.publish(other, cp)
+    assert (cp / "rng_state_1.pth").read_bytes() == b"node1" and (cp / "trainer_state.json").read_text() == before
+    assert not other.exists()
+    # A broken checkpoint of the same step is replaced whole.
+    shutil.copytree(cp, other)
+    (cp / "model.safetensors").write_bytes(b"junk")
+    checkpoints.publish(other, cp)
+    assert checkpoints.problem(cp) is None
