@@ -153,6 +153,7 @@ def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
     assert not _worker_pids(), "training processes left running after the stop"
 
     done = max(x["step"] for x in _metrics(Path(f"{out}-0")))
+    last = max(int(c.name.split("-")[1]) for c in (Path(f"{out}-0") / "checkpoints").glob("checkpoint-*"))
     assert done >= 10
     r = toolbox(hosts, "launch", *common, "--resume", "--", *cmd, "--set", f"train.max_steps={done + 10}",
                 timeout=300)
@@ -168,7 +169,8 @@ def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
         pytest.xfail("multi-node resume: node rank 1 has no checkpoint weights / optimizer state fails to load "
                      "on CPU DDP (toolbox_train)")
     m = _metrics(Path(f"{out}-0"))
-    assert "resuming from" in log2
+    assert f"resuming from {out}-0/checkpoints/checkpoint-{last}" in log2, log2[-3000:]
+    assert "no complete checkpoint" not in log2  # node2 resumed too, from its own copy
     assert [x["step"] for x in m] == list(range(1, done + 11))
 
 
