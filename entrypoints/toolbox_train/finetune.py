@@ -174,6 +174,14 @@ def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite:
         # rows) and put finetune under the bare Unsloth loop; read when unsloth is imported.
         os.environ.setdefault("UNSLOTH_DISABLE_AUTO_PADDING_FREE", "1")
         import unsloth  # noqa: F401  (must come before transformers/trl/peft to patch them)
+    from transformers.trainer_utils import SchedulerType
+    from transformers.training_args import OptimizerNames
+
+    for fld, value, enum in (("train.optimizer", cfg.train.optimizer, OptimizerNames),
+                             ("train.lr_scheduler", cfg.train.lr_scheduler, SchedulerType)):
+        names = [e.value for e in enum]
+        if value not in names:
+            raise UserError(f"{fld}: {value!r} is not one of {', '.join(names)}")
     model_path = resolve_model(cfg, base)
     mc = load_model_config(model_path, cfg)
     tc = text_config(mc)

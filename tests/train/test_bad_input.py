@@ -138,3 +138,11 @@ def test_console_script_exit_code(setup):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().endswith("train.learning_rat: unknown key")
     assert not out.exists()
+
+
+def test_unknown_optimizer_or_scheduler(setup, capsys):
+    tmp, model, data, out = setup
+    cfg = write_train_config(tmp / "t.yaml", model, data, out, **{"train.optimizer": "adamw_turbo"})
+    _check(capsys, ["--config", str(cfg)], "train.optimizer: 'adamw_turbo' is not one of adamw_torch", out)
+    cfg = write_train_config(tmp / "t.yaml", model, data, out, **{"train.lr_scheduler": "zigzag"})
+    _check(capsys, ["--config", str(cfg)], "train.lr_scheduler: 'zigzag' is not one of linear, cosine", out)
