@@ -130,3 +130,19 @@ def test_hub_id_from_the_offline_cache(tmp_path, tiny_model, monkeypatch):
     assert s["steps"] == 2 and (out / "model.safetensors").exists()
     with pytest.raises(finetune.UserError, match="model.path: tiny-org/absent: cannot read the model's config"):
         finetune.plan(train_config("tiny-org/absent", tmp_path / "text.jsonl", tmp_path / "o2"))
+
+
+@pytest.mark.parametrize("arch", ["gemma3-mm", "gpt-oss"])
+def test_full_finetune_multimodal_wrapper_and_moe(tmp_path, tiny_models, arch):
+    import torch
+    from safetensors.torch import load_file
+
+    model = tiny_models(arch)
+    out, s = _run(tmp_path, model, "text", **{"train.max_steps": 4})
+    assert s["last_loss"] < s["first_loss"]
+    before, after = load_file(str(model / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert any("layers.1" in k for k in changed)
+    if arch == "gemma3-mm":  # text data: the vision tower is frozen, saved unchanged
+        vision = [k for k in before if "vision_tower" in k]
+        assert vision and not changed & set(vision)
