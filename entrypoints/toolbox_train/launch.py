@@ -168,7 +168,8 @@ def resolve(argv: list[str]) -> dict[str, Any]:
             env[k] = os.environ[k]  # the user's explicit setting wins
 
     launch_dir = p.out / finetune.LAUNCH_DIR
-    acc_path = launch_dir / "accelerate.yaml"
+    # One file per node: nodes sharing an output folder (NFS) must not read each other's machine_rank.
+    acc_path = launch_dir / f"accelerate.node{args.node_rank}.yaml"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc_path),
                "--max_restarts", str(args.max_restarts), "-m", "toolbox_train.finetune", *cmd[1:]]
     return {"args": args, "plan": p, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,

@@ -72,7 +72,7 @@ def test_ddp_two_cpu_processes(tmp_path, tiny_model):
     # The exact accelerate config used is kept with the results and parses with accelerate.
     from accelerate.commands.config.config_args import ClusterConfig
 
-    acc = ClusterConfig.from_yaml_file(str(out / "launch" / "accelerate.yaml"))
+    acc = ClusterConfig.from_yaml_file(str(out / "launch" / "accelerate.node0.yaml"))
     assert acc.num_processes == 2 and acc.num_machines == 1
     assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("checkpoint-")]
 
@@ -129,7 +129,7 @@ def test_fsdp_config_wraps_the_models_decoder_layer(tmp_path, tiny_models, arch,
     cfg = _cfg(tmp_path, tiny_models(arch), out, **{"train.batch_size": 16})
     assert launch.main(["--strategy", "fsdp", "--nproc", "4", "--dry-run", "--", "finetune", "--config",
                         str(cfg)]) == 0
-    acc = ClusterConfig.from_yaml_file(str(out / "launch" / "accelerate.yaml"))
+    acc = ClusterConfig.from_yaml_file(str(out / "launch" / "accelerate.node0.yaml"))
     assert acc.distributed_type.value == "FSDP" and acc.num_processes == 4
     wrap = acc.fsdp_config["fsdp_transformer_layer_cls_to_wrap"].split(",")
     assert layer in wrap
@@ -156,3 +156,17 @@ def test_rdma_and_ethernet_environment(tmp_path, tiny_model, monkeypatch):
     r = launch.resolve([*argv, "--", "finetune", "--config", str(cfg)])
     assert r["env"]["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_TIMEOUT" not in r["env"]
     assert "--max_restarts" in r["command"] and r["command"][-2:] == ["--config", str(cfg)]
+
+
+def test_nodes_sharing_an_output_folder_keep_their_own_accelerate_config(tmp_path, tiny_model):
+    """A shared (NFS) output folder: each node's config keeps its own machine_rank."""
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    out = tmp_path / "shared"
+    cfg = _cfg(tmp_path, tiny_model, out)
+    for rank in (0, 1):
+        assert launch.main(["--strategy", "ddp", "--cpu", "--nproc", "1", "--nnodes", "2", "--node-rank", str(rank),
+                            "--master-addr", "127.0.0.1", "--master-port", "29555", "--dry-run", "--",
+                            "finetune", "--config", str(cfg)]) == 0
+    ranks = [ClusterConfig.from_yaml_file(str(out / "launch" / f"accelerate.node{r}.yaml")).machine_rank for r in (0, 1)]
+    assert ranks == [0, 1]
