@@ -154,6 +154,7 @@ def test_build_dry_run_prints_runnable_commands(tmp_path):
     for a, b in (("--secret", f"id=ca,src={ca}"), ("--network", "host"), ("--target", "runtime")):
         assert build[build.index(a) + 1] == b
     assert "--no-cache" in build and "-t" not in build  # tagged only after success
+    assert build[build.index("--format") + 1] == "docker"  # SHELL (pipefail) is kept
     from toolbox.runtime import default_tag
     from toolbox.stack import load_stack
 

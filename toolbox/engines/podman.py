@@ -27,7 +27,9 @@ class PodmanEngine(Engine):
 
     # -- build --------------------------------------------------------------
     def _build_argv(self, spec: BuildSpec, iidfile: str) -> list[str]:
-        argv = [self.binary, "build", "--layers", "-f", str(Path(spec.context) / spec.dockerfile)]
+        # Docker format: OCI images drop SHELL (the Dockerfile's pipefail) and HEALTHCHECK, and
+        # it is what podman's Docker API builds, so both paths share one layer cache.
+        argv = [self.binary, "build", "--format", "docker", "--layers", "-f", str(Path(spec.context) / spec.dockerfile)]
         argv += ["--iidfile", iidfile]
         if spec.target:
             argv += ["--target", spec.target]
