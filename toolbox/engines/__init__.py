@@ -33,6 +33,22 @@ class BuildSpec:
     secrets: dict[str, Path] = field(default_factory=dict)
     build_args: dict[str, str] = field(default_factory=dict)
 
+    def cli_args(self, iidfile: str) -> list[str]:
+        """The `build` options podman and the docker CLI share, ending with the context."""
+        argv = ["-f", str(Path(self.context) / self.dockerfile), "--iidfile", iidfile]
+        if self.target:
+            argv += ["--target", self.target]
+        if self.no_cache:
+            argv.append("--no-cache")
+        if self.network:
+            argv += ["--network", self.network]
+        for sid, src in sorted(self.secrets.items()):
+            argv += ["--secret", f"id={sid},src={src}"]
+        for k, v in sorted(self.build_args.items()):
+            argv += ["--build-arg", f"{k}={v}"]
+        argv.append(str(self.context))
+        return argv
+
 
 @dataclass
 class BuildResult:

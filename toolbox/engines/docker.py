@@ -78,19 +78,7 @@ class DockerEngine(Engine):
 
     # -- build --------------------------------------------------------------
     def _cli_argv(self, spec: BuildSpec, iidfile: str) -> list[str]:
-        argv = ["docker", "build", "-f", str(Path(spec.context) / spec.dockerfile), "--iidfile", iidfile]
-        if spec.target:
-            argv += ["--target", spec.target]
-        if spec.no_cache:
-            argv.append("--no-cache")
-        if spec.network:
-            argv += ["--network", spec.network]
-        for sid, src in sorted(spec.secrets.items()):
-            argv += ["--secret", f"id={sid},src={src}"]
-        for k, v in sorted(spec.build_args.items()):
-            argv += ["--build-arg", f"{k}={v}"]
-        argv.append(str(spec.context))
-        return argv
+        return ["docker", "build", *spec.cli_args(iidfile)]
 
     def build_commands(self, spec: BuildSpec) -> list[list[str]]:
         # The SDK makes API calls; these are the equivalent docker CLI commands.

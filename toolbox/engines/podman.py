@@ -29,20 +29,7 @@ class PodmanEngine(Engine):
     def _build_argv(self, spec: BuildSpec, iidfile: str) -> list[str]:
         # Docker format: OCI images drop SHELL (the Dockerfile's pipefail) and HEALTHCHECK, and
         # it is what podman's Docker API builds, so both paths share one layer cache.
-        argv = [self.binary, "build", "--format", "docker", "--layers", "-f", str(Path(spec.context) / spec.dockerfile)]
-        argv += ["--iidfile", iidfile]
-        if spec.target:
-            argv += ["--target", spec.target]
-        if spec.no_cache:
-            argv.append("--no-cache")
-        if spec.network:
-            argv += ["--network", spec.network]
-        for sid, src in sorted(spec.secrets.items()):
-            argv += ["--secret", f"id={sid},src={src}"]
-        for k, v in sorted(spec.build_args.items()):
-            argv += ["--build-arg", f"{k}={v}"]
-        argv.append(str(spec.context))
-        return argv
+        return [self.binary, "build", "--format", "docker", "--layers", *spec.cli_args(iidfile)]
 
     def build_commands(self, spec: BuildSpec) -> list[list[str]]:
         # built untagged into an iid file, tagged only once the build succeeded
