@@ -1,0 +1,398 @@
+"""Memory planner: peak device memory of a training setting, from the model's config.json alone.
+
+No weights are loaded, so it plans a 27B model on a laptop. The model is first-principles
+arithmetic (what autograd keeps for backward, what the optimizer holds) with a handful of
+constants calibrated on an H200 (docs/benchmarks.md, "Memory planner"); the CPU tests
+check the arithmetic against the tiny models' real parameter counts and saved tensors.
+
+    peak = weights + optimizer states + max(forward end, backward tail, optimizer step) + overhead
+
+Kernels: `hf` (plain transformers, model's own loss over full fp32 logits), `liger` (Liger's
+RMSNorm/SwiGLU/RoPE), `unsloth` (Unsloth's kernels, its offloaded checkpointing keeps layer
+inputs in host memory). The LM head is `full` (HF's loss) or `chunked` (TRL's fused head,
+Liger's fused linear cross-entropy, Unsloth's loss): no full logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+GiB = 2**30
+
+# Calibrated on one H200 (docs/benchmarks.md): how many layers' working sets are alive at the
+# worst point of backward on top of what is saved (recompute + its gradients), and per backend.
+CAL = {
+    "bwd_layers": {"hf": 1.5, "liger": 1.5, "unsloth": 1.0},
+    # Unsloth's offloaded checkpointing: its working set, in its own layer-bytes, on the device.
+    "unsloth_offload_layers": 1.75,
+    "overhead_gib": 0.25,  # cuBLAS workspaces, allocator rounding, small buffers
+}
+TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK = 4096, 32768  # trl/kernels/chunked_logprob.py (TRL 1.15)
+LORA_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def parse_size(text: str) -> int:
+    """'128GiB', '128G' (binary), '137GB' (decimal), '1.5TiB', or plain bytes -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)(B?)\s*", str(text), re.IGNORECASE)
+    if not m or (m.group(3) and not m.group(2)):
+        raise ValueError(f"{text!r}: expected a size like 128GiB, 96GB or 64G")
+    num, unit = float(m.group(1)), m.group(2).upper()
+    decimal = bool(m.group(4)) and not m.group(3)  # GB: 10^9; GiB and bare G: 2^30
+    return int(num * (1000 if decimal else 1024) ** ("KMGT".find(unit) + 1)) if unit else int(num)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers of a (text) decoder that memory depends on."""
+
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool = True
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    attention_bias: bool = False
+    experts: int = 0  # MoE: experts per layer (0: dense MLP)
+    experts_per_token: int = 0
+    max_position: int | None = None
+    extra_params: int = 0  # frozen parts outside the text decoder (a vision tower)
+    sliding_window: int = 0
+    name: str = ""
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | Any, name: str = "") -> "Shape":
+        """From a config.json dict (or a transformers config); multimodal wrappers use their text part."""
+        d = cfg if isinstance(cfg, Mapping) else cfg.to_dict()
+        text = d.get("text_config") or d
+        vision = d.get("vision_config")
+        mt = text.get("model_type") or d.get("model_type", "")
+        h, nh = text["hidden_size"], text["num_attention_heads"]
+        experts = text.get("num_local_experts") or text.get("num_experts") or 0
+        return cls(
+            model_type=mt, hidden=h, layers=text["num_hidden_layers"], heads=nh,
+            kv_heads=text.get("num_key_value_heads") or nh, head_dim=text.get("head_dim") or h // nh,
+            intermediate=text.get("moe_intermediate_size") if experts and text.get("moe_intermediate_size")
+            else text["intermediate_size"],
+            vocab=text["vocab_size"],
+            tied=bool(d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            qk_norm=mt.startswith(("qwen3", "gemma3", "olmo2")),
+            norms_per_layer=4 if mt.startswith(("gemma2", "gemma3")) else 2,
+            attention_bias=bool(text.get("attention_bias", False)),
+            experts=experts, experts_per_token=text.get("num_experts_per_tok") or text.get("experts_per_token") or 0,
+            max_position=text.get("max_position_embeddings"),
+            extra_params=vision_params(vision, h) if vision else 0,
+            sliding_window=text.get("sliding_window") or 0, name=name,
+        )
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int, int]]:
+        """Per layer: name -> (in, out, copies), the matrices LoRA/quantization act on."""
+        h, i = self.hidden, self.intermediate
+        s = {"q_proj": (h, self.q, 1), "k_proj": (h, self.kv, 1), "v_proj": (h, self.kv, 1),
+             "o_proj": (self.q, h, 1)}
+        if self.experts:
+            s.update(experts_gate_up=(h, 2 * i, self.experts), experts_down=(i, h, self.experts))
+        else:
+            s.update(gate_proj=(h, i, 1), up_proj=(h, i, 1), down_proj=(i, h, 1))
+        return s
+
+    def params(self) -> dict[str, int]:
+        """Parameter counts by part (matches transformers' modules; biases where the family has them)."""
+        h, L = self.hidden, self.layers
+        lin = sum(a * b * c for a, b, c in self.linear_shapes().values())
+        bias = (self.q + 2 * self.kv + h) * self.attention_bias
+        if self.experts:  # GPT-OSS style: expert biases, a router with bias, attention sinks
+            bias += self.experts * (2 * self.intermediate + h) + self.experts * (h + 1) + self.heads
+        norms = self.norms_per_layer * h + (2 * self.head_dim if self.qk_norm else 0)
+        embed = self.vocab * h
+        return {"embed": embed, "lm_head": 0 if self.tied else embed, "layers_linear": L * lin,
+                "layers_other": L * (bias + norms), "final_norm": h, "extra": self.extra_params}
+
+    def n_params(self) -> int:
+        return sum(self.params().values())
+
+    def lora_params(self, r: int, targets: tuple[str, ...] | str = "all-linear") -> int:
+        names = LORA_ALL_LINEAR if targets == "all-linear" else tuple(targets)
+        return self.layers * sum(r * (a + b) * c for n, (a, b, c) in self.linear_shapes().items()
+                                 if n in names and not n.startswith("experts"))
+
+
+def vision_params(v: Mapping[str, Any], text_hidden: int) -> int:
+    """A ViT/SigLIP tower plus the projector into the text model (frozen for text fine-tuning)."""
+    h, i, L = v.get("hidden_size", 0), v.get("intermediate_size", 0), v.get("num_hidden_layers", 0)
+    patch, img = v.get("patch_size", 14), v.get("image_size", 224)
+    per_layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h
+    return L * per_layer + 3 * patch * patch * h + (img // patch) ** 2 * h + h * text_hidden + 2 * h
+
+
+@dataclass
+class Setting:
+    method: str = "lora"  # full | lora | qlora | lora-8bit
+    backend: str = "hf"  # hf | unsloth
+    liger: bool = False
+    gradient_checkpointing: bool | str = True  # True | False | "unsloth" (offloaded)
+    batch: int = 1
+    seq: int = 2048
+    precision: str = "bf16"
+    optimizer: str = "adamw_torch"
+    lora_r: int = 16
+    lora_targets: tuple[str, ...] | str = "all-linear"
+    head: str = "chunked"  # chunked (TRL/Liger/Unsloth) | full (HF model loss)
+    world_size: int = 1
+    strategy: str = "single"  # single | ddp | fsdp
+    unified_memory: bool = False  # APU: host offload takes the same memory
+
+    @property
+    def kernels(self) -> str:
+        return "unsloth" if self.backend == "unsloth" else "liger" if self.liger else "hf"
+
+    @property
+    def gc(self) -> str:
+        g = self.gradient_checkpointing
+        if not g:
+            return "off"
+        return "offload" if self.backend == "unsloth" else "on"
+
+    def label(self) -> str:
+        gc = {"off": "no ckpt", "on": "ckpt", "offload": "offloaded ckpt"}[self.gc]
+        extra = f", {self.strategy} x{self.world_size}" if self.world_size > 1 else ""
+        return f"{self.method} {self.kernels} {gc} b{self.batch} s{self.seq}{extra}"
+
+
+@dataclass
+class Estimate:
+    setting: Setting
+    parts: dict[str, float]  # bytes per device
+    peak: float
+    host: float = 0.0  # pinned host memory (Unsloth's offloaded layer inputs)
+    where: str = ""  # which phase sets the peak
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak / GiB
+
+    def total_unified(self) -> float:
+        return self.peak + self.host
+
+
+def _bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def layer_bytes(s: Shape, kernels: str, e: int = 2) -> float:
+    """Bytes autograd keeps per token for one decoder layer (no checkpointing).
+
+    hf: HF's RMSNorm keeps an fp32 copy of its input and its bf16 output (Gemma's two fp32
+    tensors); the MLP keeps gate, act(gate), up and their product. liger: its RMSNorm keeps only
+    the bf16 input, its SwiGLU/GeGLU the two inputs. Attention (sdpa, flash/efficient kernel):
+    rotated q and k, v, the output, and the contiguous copy o_proj reads.
+    """
+    h, q, kv, i = s.hidden, s.q, s.kv, s.intermediate
+    f = 4  # fp32
+    if kernels == "hf":
+        norm = 2 * f if s.model_type.startswith("gemma") else f + e  # per element of the normed tensor
+        norms = s.norms_per_layer * h * norm
+        qk = (q + kv) * norm if s.qk_norm else 0
+        mlp = 4 * i * e
+    else:  # liger and unsloth: fused norm/activation kernels keep their inputs only
+        norms = s.norms_per_layer * h * e
+        qk = (q + kv) * e if s.qk_norm else 0
+        mlp = 3 * i * e
+    if s.experts:
+        mlp *= max(1, s.experts_per_token)
+    linear_inputs = 2 * h * e  # normed input of q/k/v (shared) and of gate/up (shared)
+    attention = (3 * q + 2 * kv) * e  # q_rot, k_rot, v, out (+ lse, tiny), contiguous copy for o_proj
+    return norms + qk + linear_inputs + attention + mlp
+
+
+def head_bytes(s: Shape, st: Setting, tokens: int, trainable_head: bool) -> float:
+    """The LM head and loss at their worst (start of backward), bytes."""
+    V, h = s.vocab, s.hidden
+    if st.head == "full":
+        # bf16 logits (kept by the output) + fp32 log-softmax + two fp32 gradients in backward
+        return tokens * V * (2 + 4 + 4 + 4)
+    if st.backend == "unsloth":
+        return tokens * h * 4  # Unsloth's loss: chunked logits; its fp32 gradient of the hidden states
+    # TRL's fused head: one bf16 [4096 x 32768] projection tile, fp32 gradients of the hidden
+    # states and (full fine-tuning) of the head's weight
+    tile = min(tokens, TRL_TOKEN_CHUNK) * min(V, TRL_VOCAB_CHUNK) * 2
+    return tile + tokens * h * 4 + (V * h * 4 if trainable_head else 0)
+
+
+def estimate(s: Shape, st: Setting) -> Estimate:
+    e = _bytes(st.precision)
+    p = s.params()
+    n = s.n_params()
+    world = max(1, st.world_size)
+    tokens = st.batch * st.seq
+    parts: dict[str, float] = {}
+    # -- weights
+    if st.method in ("qlora", "lora-8bit"):
+        lin = p["layers_linear"]
+        per = 0.5 + 1 / 64 + 4 / (64 * 256) if st.method == "qlora" else 1 + 4 / s.hidden
+        parts["weights"] = lin * per + (n - lin) * e
+    else:
+        parts["weights"] = n * e
+    # -- trainable parameters: grads, optimizer states, optimizer step temporaries
+    if st.method == "full":
+        trainable, tb = n - s.extra_params, e
+    else:
+        trainable = s.lora_params(st.lora_r, st.lora_targets)
+        # PEFT upcasts adapters to fp32 (bf16 base); TRL keeps QLoRA adapters in bf16
+        tb = 4 if st.method == "lora" and st.backend == "hf" else e
+        parts["weights"] += trainable * tb
+    opt = st.optimizer.lower()
+    state_b = 2 if "8bit" in opt else 0 if opt.startswith("sgd") else tb * (1 if "lion" in opt else 2)
+    if "adafactor" in opt:
+        state_b = 0.1 * tb
+    grads, states = trainable * tb, trainable * state_b
+    temp = trainable * tb if (opt in ("adamw_torch", "adamw") or opt.startswith("adamw_torch") and "fused" not in opt) else 0
+    if st.strategy == "fsdp":
+        # accelerate's FSDP2 keeps fp32 sharded parameters (mixed precision computes in bf16)
+        master = trainable * 4
+        parts["weights"] = (parts["weights"] - (trainable * e if st.method == "full" else 0) + master) / world
+        grads, states, temp = trainable * 4 / world, trainable * 8 / world, trainable * 4 / world
+        per_layer = (p["layers_linear"] + p["layers_other"]) / s.layers
+        parts["gathered_layers"] = 2 * per_layer * e  # the unit in flight and the prefetched one
+    elif st.strategy == "ddp" and world > 1:
+        parts["ddp_buckets"] = grads  # reducer buckets, a copy of the gradients
+    parts["optimizer_states"] = states
+    # -- activations
+    k = st.kernels
+    lb = layer_bytes(s, k, e) * tokens
+    boundary = s.hidden * e * tokens  # one layer's input
+    host = 0.0
+    # sliding-window layers under HF's sdpa get an explicit bf16 mask [b, 1, s, s], kept once for all
+    mask = st.batch * st.seq * st.seq * 2 if s.sliding_window and k != "unsloth" else 0
+    if st.gc == "off":
+        saved = s.layers * lb + mask
+        tail = CAL["bwd_layers"][k] * lb
+    elif st.gc == "on":  # each layer's input kept; one layer recomputed at a time in backward
+        saved = s.layers * boundary
+        tail = CAL["bwd_layers"][k] * lb + s.layers * boundary
+    else:  # Unsloth offloads each layer's input to host memory and recomputes the layer
+        saved = CAL["unsloth_offload_layers"] * lb + boundary
+        tail = saved
+        host = s.layers * boundary
+    head = head_bytes(s, st, tokens, trainable_head=st.method == "full")
+    emb = 2 * s.hidden * e * tokens  # embedding output and final norm
+    fwd_end = saved + head + emb
+    # backward: recomputed layer + its gradients; gradients accumulate as saved tensors go
+    bwd_tail = max(tail, grads + CAL["bwd_layers"][k] * lb) + parts.get("ddp_buckets", 0)
+    step = grads + temp + parts.get("ddp_buckets", 0)
+    phases = {"forward/backward": fwd_end, "end of backward": bwd_tail, "optimizer step": step}
+    where = max(phases, key=phases.get)
+    parts["activations_peak"] = fwd_end
+    parts["grads"] = grads
+    parts["step_temp"] = temp
+    parts["overhead"] = CAL["overhead_gib"] * GiB
+    peak = parts["weights"] + states + parts.get("gathered_layers", 0) + phases[where] + parts["overhead"]
+    if st.unified_memory:
+        peak += host
+    return Estimate(dataclasses.replace(st), parts, peak, host, where)
+
+
+# ---------------------------------------------------------------------------------- decisions
+
+SAFETY = 0.85  # plan to use at most 85% of the device: the planner is calibrated to about +-15%
+
+
+def candidates(s: Shape, st: Setting) -> list[Setting]:
+    """The configured setting and its checkpointing alternatives (the fastest first)."""
+    gcs = [False, "unsloth"] if st.backend == "unsloth" else [False, True]
+    return [dataclasses.replace(st, gradient_checkpointing=g) for g in gcs]
+
+
+@dataclass
+class Decision:
+    gradient_checkpointing: bool | str
+    reason: str
+    estimates: list[Estimate] = field(default_factory=list)
+    fits: bool = True
+
+
+def decide_checkpointing(s: Shape, st: Setting, device_bytes: float | None) -> Decision:
+    """`train.gradient_checkpointing: auto`: off where the plan fits with the safety margin.
+
+    Unsloth keeps its offloaded checkpointing (what its bare loop runs; off is not measured to
+    be faster on the shapes benchmarked, and it costs memory).
+    """
+    ests = [estimate(s, c) for c in candidates(s, st)]
+    off, on = ests
+    if st.backend == "unsloth":
+        return Decision("unsloth", "backend unsloth: its offloaded checkpointing (as its own loop runs it)",
+                        ests, device_bytes is None or on.peak <= device_bytes)
+    if device_bytes is None:
+        return Decision(True, "no device memory known (CPU, no --device-memory): checkpointing on", ests)
+    budget = SAFETY * device_bytes
+    if off.peak <= budget:
+        return Decision(False, f"predicted {off.peak_gib:.1f} GiB without checkpointing fits "
+                               f"{SAFETY:.0%} of {device_bytes / GiB:.0f} GiB: off (faster)", ests)
+    fits = on.peak <= device_bytes
+    return Decision(True, f"without checkpointing {off.peak_gib:.1f} GiB > {SAFETY:.0%} of "
+                          f"{device_bytes / GiB:.0f} GiB: on ({on.peak_gib:.1f} GiB)", ests, fits)
+
+
+def alternatives(s: Shape, st: Setting, device_bytes: float) -> list[Estimate]:
+    """What would fit instead, cheapest change first: checkpointing, smaller batch, QLoRA, shorter sequence."""
+    out = []
+    trials = [dataclasses.replace(st, gradient_checkpointing="unsloth" if st.backend == "unsloth" else True)]
+    b = st.batch
+    while b > 1:
+        b //= 2
+        trials.append(dataclasses.replace(trials[0], batch=b))
+    for m in ("lora", "qlora"):
+        if m != st.method:
+            trials.append(dataclasses.replace(trials[0], method=m, batch=1))
+    seq = st.seq
+    while seq > 256:
+        seq //= 2
+        trials.append(dataclasses.replace(trials[0], batch=1, seq=seq))
+    for t in trials:
+        e = estimate(s, t)
+        if e.peak <= device_bytes:
+            out.append(e)
+    return out[:3]
+
+
+def longest_seq(s: Shape, st: Setting, device_bytes: float, cap: int | None = None) -> int:
+    """Longest sequence (multiple of 1024) at the setting's batch whose plan fits, 0 if none."""
+    cap = cap or s.max_position or 131072
+    lo, hi = 0, cap // 1024
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate(s, dataclasses.replace(st, seq=mid * 1024)).peak <= device_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * 1024
+
+
+def render_table(s: Shape, ests: list[Estimate], device_bytes: float | None, picked: Setting | None) -> str:
+    dev = f"{device_bytes / GiB:.1f} GiB" if device_bytes else "unknown"
+    lines = [f"plan for {s.name or s.model_type}: {s.n_params() / 1e9:.2f}B parameters, device memory {dev}",
+             "| setting | weights | opt. states | activations | peak GiB | host GiB | fits | picked |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
+    for e in ests:
+        fits = "-" if not device_bytes else "yes" if e.peak <= SAFETY * device_bytes else \
+            "tight" if e.peak <= device_bytes else "NO"
+        pick = "<-" if picked is not None and e.setting == picked else ""
+        lines.append(f"| {e.setting.label()} | {e.parts['weights'] / GiB:.1f} | "
+                     f"{e.parts['optimizer_states'] / GiB:.1f} | {e.parts['activations_peak'] / GiB:.1f} | "
+                     f"{e.peak_gib:.1f} | {e.host / GiB:.1f} | {fits} | {pick} |")
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""The memory planner's arithmetic against real tiny models (parameters, tensors kept for backward)
+and its `auto` decisions. Figures for real shapes come from the GPU (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from toolbox_train import bench, memplan as M
+
+TINY = ["tiny-llama", "tiny-qwen3", "tiny-gemma3"]
+
+
+def _model(name: str):
+    kw = dict(bench.SHAPES[name])
+    cfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    torch.manual_seed(0)
+    return cfg, AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_parameter_count_matches_the_real_model(name):
+    cfg, model = _model(name)
+    shape = M.Shape.from_config(cfg.to_dict(), name)
+    assert shape.n_params() == model.num_parameters()
+    from peft import LoraConfig, get_peft_model
+
+    peft = get_peft_model(model, LoraConfig(r=8, target_modules=list(M.LORA_ALL_LINEAR), task_type="CAUSAL_LM"))
+    trainable = sum(p.numel() for p in peft.parameters() if p.requires_grad)
+    assert shape.lora_params(8) == trainable
+
+
+def _saved_bytes(model, ids, labels=True):
+    """Bytes of distinct storages autograd keeps for backward, by decoder layer (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    cur: list = [None]
+    seen: dict[int, tuple] = {}
+    for i, layer in enumerate(model.model.layers):
+        layer.register_forward_pre_hook(lambda *a, i=i: cur.__setitem__(0, i))
+        layer.register_forward_hook(lambda *a: cur.__setitem__(0, None))
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen.setdefault(st.data_ptr(), (cur[0], st.nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=ids, labels=ids if labels else None)
+    per_layer: dict = {}
+    for where, n in seen.values():
+        per_layer[where] = per_layer.get(where, 0) + n
+    return out, per_layer
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_layer_activation_bytes_match_saved_tensors(name):
+    cfg, model = _model(name)
+    shape = M.Shape.from_config(cfg.to_dict(), name)
+    b, s = 2, 128
+    _, per_layer = _saved_bytes(model, torch.randint(4, 500, (b, s)))
+    measured = sum(v for k, v in per_layer.items() if k is not None)
+    mask = b * s * s * 2 if shape.sliding_window else 0
+    predicted = shape.layers * M.layer_bytes(shape, "hf") * b * s + mask
+    assert abs(predicted - measured) / measured < 0.08, (predicted, measured, per_layer)
+    # and the head: HF's loss keeps the fp32 log-softmax over the whole vocabulary
+    assert per_layer[None] >= b * s * shape.vocab * 4
+
+
+def test_checkpointing_keeps_only_layer_inputs():
+    cfg, model = _model("tiny-llama")
+    shape = M.Shape.from_config(cfg.to_dict())
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    b, s = 2, 128
+    out, per_layer = _saved_bytes(model, torch.randint(4, 500, (b, s)))
+    off_cfg, off_model = _model("tiny-llama")
+    off_model.train()
+    _, off_layers = _saved_bytes(off_model, torch.randint(4, 500, (b, s)))
+    on = sum(v for k, v in per_layer.items() if k is not None)
+    off = sum(v for k, v in off_layers.items() if k is not None)
+    assert on < off / 4  # only the checkpoint's inputs survive the forward
+    st = M.Setting(method="full", gradient_checkpointing=True, batch=b, seq=s, head="full")
+    est_on, est_off = M.estimate(shape, st), M.estimate(shape, M.Setting(**{**st.__dict__, "gradient_checkpointing": False}))
+    assert est_on.parts["activations_peak"] < est_off.parts["activations_peak"]
+    out.loss.backward()  # the model really trains with it
+
+
+def test_weights_and_optimizer_arithmetic():
+    shape = M.Shape.from_config(bench.SHAPES["llama-1b"], "llama-1b")
+    n = shape.n_params()
+    assert n == 1_235_814_400  # Llama-3.2-1B
+    full = M.estimate(shape, M.Setting(method="full", batch=1, seq=256, optimizer="adamw_torch_fused"))
+    assert full.parts["weights"] == 2 * n and full.parts["optimizer_states"] == 4 * n and full.parts["grads"] == 2 * n
+    assert full.parts["step_temp"] == 0
+    foreach = M.estimate(shape, M.Setting(method="full", batch=1, seq=256, optimizer="adamw_torch"))
+    assert foreach.parts["step_temp"] == 2 * n  # torch's foreach AdamW: one sqrt copy of the states
+    q = M.estimate(shape, M.Setting(method="qlora", batch=1, seq=256))
+    lin = shape.params()["layers_linear"]
+    assert 0.5 * lin + 2 * (n - lin) < q.parts["weights"] < 0.53 * lin + 2 * (n - lin) + 1e8
+    fsdp2 = M.estimate(shape, M.Setting(method="full", strategy="fsdp", world_size=2))
+    fsdp1 = M.estimate(shape, M.Setting(method="full", strategy="fsdp", world_size=1))
+    assert fsdp2.parts["optimizer_states"] == fsdp1.parts["optimizer_states"] / 2
+    ddp = M.estimate(shape, M.Setting(method="full", strategy="ddp", world_size=2))
+    single = M.estimate(shape, M.Setting(method="full"))
+    assert ddp.peak > single.peak
+
+
+def test_activation_terms_scale_with_tokens():
+    shape = M.Shape.from_config(bench.SHAPES["llama-1b"])
+    a = M.estimate(shape, M.Setting(method="lora", gradient_checkpointing=False, batch=1, seq=2048))
+    b = M.estimate(shape, M.Setting(method="lora", gradient_checkpointing=False, batch=2, seq=2048))
+    fixed = a.parts["weights"] + a.parts["optimizer_states"]
+    assert (b.peak - fixed) == pytest.approx(2 * (a.peak - fixed), rel=0.1)
+
+
+def test_auto_checkpointing_decisions():
+    shape = M.Shape.from_config(bench.SHAPES["llama-1b"], "llama-1b")
+    st = M.Setting(method="full", backend="hf", liger=True, batch=8, seq=2048)
+    d = M.decide_checkpointing(shape, st, 139 * M.GiB)
+    assert d.gradient_checkpointing is False and "off" in d.reason
+    d = M.decide_checkpointing(shape, st, 24 * M.GiB)  # fits only with checkpointing
+    assert d.gradient_checkpointing is True and d.fits
+    d = M.decide_checkpointing(shape, st, 4 * M.GiB)
+    assert d.gradient_checkpointing is True and not d.fits
+    assert M.alternatives(shape, st, 4 * M.GiB)  # something smaller would fit
+    d = M.decide_checkpointing(shape, M.Setting(method="lora", backend="unsloth"), 139 * M.GiB)
+    assert d.gradient_checkpointing == "unsloth"
+    assert M.decide_checkpointing(shape, st, None).gradient_checkpointing is True
+
+
+def test_sizes_and_longest_sequence():
+    assert M.parse_size("128GiB") == 128 * 2**30 == M.parse_size("128G")
+    assert M.parse_size("137GB") == 137 * 10**9
+    with pytest.raises(ValueError):
+        M.parse_size("lots")
+    shape = M.Shape.from_config(bench.SHAPES["llama-1b"])
+    st = M.Setting(method="lora", backend="unsloth", gradient_checkpointing="unsloth")
+    n = M.longest_seq(shape, st, 16 * M.GiB)
+    assert n > 0 and M.estimate(shape, M.Setting(**{**st.__dict__, "seq": n})).peak <= 16 * M.GiB
+    assert M.estimate(shape, M.Setting(**{**st.__dict__, "seq": n + 1024})).peak > 16 * M.GiB
