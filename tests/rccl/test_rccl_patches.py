@@ -197,3 +197,63 @@ def test_stack_and_series_must_agree_on_the_commit(upstream, tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "stack pins rccl.commit " + "ab" * 20 in r.stderr and "make them agree" in r.stderr
 
+
+
+def _preimage_tree(patch: Path, root: Path) -> None:
+    """A git tree holding only the lines each hunk of `patch` expects, at their line numbers
+    (fillers elsewhere): enough for `git apply` to check the hunks' counts, offsets and
+    context agree with each other, without the upstream source."""
+    import re
+
+    files: dict[str, dict[int, str]] = {}
+    rows = None
+    lines = patch.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^diff --git a/(\S+) b/", lines[i])
+        h = re.match(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", lines[i])
+        i += 1
+        if m:
+            rows = files.setdefault(m.group(1), {})
+        elif h and rows is not None:
+            start, count, k = int(h.group(1)), int(h.group(2) or 1), 0
+            while k < count:
+                line = lines[i]
+                i += 1
+                if line[:1] in (" ", "-", ""):
+                    rows[start + k] = line[1:]
+                    k += 1
+    for path, rows in files.items():
+        f = root / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(rows.get(n, f"/* filler {n} */") + "\n" for n in range(1, max(rows) + 20)))
+
+
+@pytest.mark.parametrize("stack", ["gfx1151", "gfx1151-early2026"])
+def test_every_shipped_patch_is_consistent_with_its_own_hunks(stack, tmp_path):
+    # Catches a hand-edited patch whose hunk headers or context no longer add up; the
+    # upstream check is `toolbox patches verify` on a rocm-systems clone (rccl-patches/README.md).
+    for n, patch in enumerate(parse_series(ROOT / "rccl-patches" / stack / "series").patches):
+        tree = tmp_path / f"t{n}"
+        tree.mkdir()
+        git(tmp_path, "init", "-q", str(tree))
+        _preimage_tree(patch, tree)
+        git(tree, "add", "-A")
+        git(tree, "commit", "-q", "-m", "pre-image")
+        r = subprocess.run(["git", "apply", "--check", str(patch)], cwd=tree, env=ENV, capture_output=True, text=True)
+        assert r.returncode == 0, f"{patch.name}: {r.stderr}"
+
+
+def test_gfx1151_series_fixes_the_stream_change_deadlock():
+    """ROCm 7.13's RCCL needs the #5800 fix that TheRock's therock-7.13 applies at build time:
+    both launch paths record doneEvent on the launch stream, and only then mark it valid."""
+    patches = parse_series(ROOT / "rccl-patches/gfx1151/series").patches
+    fix = [p for p in patches if "projects/rccl/src/enqueue.cc" in patch_paths(p)]
+    assert len(fix) == 1, [p.name for p in patches]
+    added = [ln[1:].strip() for ln in fix[0].read_text().splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    records = [i for i, ln in enumerate(added) if ln.startswith("CUDACHECKGOTO(hipEventRecord(comm->doneEvent, launchStream)")]
+    valid = [i for i, ln in enumerate(added) if ln == "comm->lastStreamValid = true;"]
+    assert len(records) == len(valid) == 2, added
+    assert all(r < v for r, v in zip(records, valid))
+    assert any("comm->lastStreamValid && comm->lastStream != launchStream" in ln for ln in added)
+    assert "bool lastStreamValid;" in added and "comm->lastStreamValid = false;" in added
