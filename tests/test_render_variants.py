@@ -86,6 +86,7 @@ def test_rccl_series_outside_repo_is_carried(tmp_path):
     series = tmp_path / "my-series"
     series.mkdir()
     (series / "0001-x.patch").write_text("--- a/x\n+++ b/x\n")
+    (series / "series").write_text("0001-x.patch\n")  # `patches verify` needs it, so loading does
     s = load_stack("gfx1151", [f"rccl.commit={COMMIT}", f"rccl.patches={series}"])
     text = render_dockerfile(s)
     assert "--series /src/rccl-patches/_stack/my-series" in text

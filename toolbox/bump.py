@@ -22,8 +22,9 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from toolbox.errors import ToolError, UserError
-from toolbox.render import atomic_write
-from toolbox.stack import _Origin, _read_yaml, load_stack, resolve_ref
+from toolbox.files import atomic_write
+from toolbox.stack import load_stack, resolve_ref
+from toolbox.stack_loader import field_lines
 
 GIT_FIELDS = {
     "rccl": ("rccl", "repo", "commit"),
@@ -130,14 +131,13 @@ def _yaml_scalar(value) -> str:
 
 def edit_fields(path: Path, changes: dict[str, object]) -> str:
     """Rewrite `key: value` lines for dotted field paths in the file; each must be written there."""
-    origin = _Origin()
-    _read_yaml(path, origin)
+    written = field_lines(path)
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     for dotted, value in changes.items():
         key = tuple(dotted.split("."))
-        if key not in origin.lines:
+        if key not in written:
             raise UserError(f"{path}: {dotted}: not written in this file (add it, then bump)")
-        n = origin.lines[key][1] - 1
+        n = written[key] - 1
         m = re.match(r"^(\s*(?:-\s+)?" + re.escape(key[-1]) + r":)(\s*)([^#\n]*?)(\s+#[^\n]*)?(\n?)$", lines[n])
         if not m:
             raise ToolError(f"{path}:{n + 1}: {dotted}: cannot edit this line in place")
@@ -188,6 +188,4 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
 
 
 def _has(path: Path, dotted: str) -> bool:
-    origin = _Origin()
-    _read_yaml(path, origin)
-    return tuple(dotted.split(".")) in origin.lines
+    return tuple(dotted.split(".")) in field_lines(path)

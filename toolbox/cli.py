@@ -1,48 +1,115 @@
 """The `toolbox` command line.
 
-Each module in toolbox/commands/ contributes its subcommands through
-`register(subparsers)`, so a command lives in one file and this one never grows.
+Each module in toolbox/commands/ contributes its subcommands through `register(subparsers)`.
+Only the module of the command being run is imported, so one command's optional dependency
+(torch for `bench`, ...) never breaks another; COMMANDS lists them for `toolbox --help`
+(tests/test_cli.py checks it against what each module registers).
+
+Every error reaching main() becomes one line and a non-zero exit: UserError 2, anything
+else 1; `--debug` (or TOOLBOX_DEBUG=1) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
+import os
 import sys
+import traceback
 
-from toolbox import __version__, commands
+from toolbox import __version__
 from toolbox.errors import ToolError, UserError
 
+# command: (module in toolbox/commands/, its line in `toolbox --help`)
+COMMANDS = {
+    "bench": ("bench", "benchmark finetune against bare loops and TRL (results.json, table, chart)"),
+    "build": ("build", "render a stack and build its image (podman or Docker)"),
+    "bump": ("bump", "resolve a new release of a component and rewrite the stack's pins"),
+    "cluster": ("cluster", "multi-node training over SSH (launch, check)"),
+    "context": ("render", "write a stack's whole build context into a new folder"),
+    "create": ("create", "create a long-lived toolbx or distrobox container of a stack's image"),
+    "doctor": ("doctor", "check engine, GPU, image labels vs stack pins; in-container probe"),
+    "lint": ("lint", "render stacks and check them with hadolint and a Dockerfile parser"),
+    "patches": ("patches", "patch series (RCCL for gfx1151)"),
+    "render": ("render", "render a stack's Dockerfile"),
+    "run": ("run", "run CMD in a stack's image (GPU devices, mounts, env by name)"),
+    "stacks": ("stacks", "list the shipped stacks with their base and key pins"),
+}
+# What a command's missing module is installed with.
+EXTRAS = {"torch": "train", "transformers": "train", "trl": "train", "peft": "train",
+          "accelerate": "train", "datasets": "train", "toolbox_train": "train", "matplotlib": "bench",
+          "dockerfile": "test"}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _command_in(argv: list[str]) -> str | None:
+    """The subcommand argv names: its first word that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _missing(name: str, exc: ModuleNotFoundError) -> ToolError:
+    mod = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(mod)
+    how = f"pip install 'strix-toolbox[{extra}]'" if extra else f"install the Python package {mod!r}"
+    return ToolError(f"`toolbox {name}` needs {mod!r}, which is not installed here: {how}")
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser with the full arguments of the command argv names (None: of every command)."""
     parser = argparse.ArgumentParser(
         prog="toolbox",
         description="Build pinned LLM fine-tuning images and run training in them. "
         "(Not Fedora's `toolbox`: this one is `python -m toolbox`, see README.)",
     )
     parser.add_argument("--version", action="version", version=f"toolbox {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (or TOOLBOX_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"toolbox.commands.{info.name}")
-        module.register(sub)
+    wanted = COMMANDS if argv is None else [c for c in [_command_in(argv)] if c in COMMANDS]
+    for name in wanted:
+        if name in sub.choices:
+            continue
+        try:
+            importlib.import_module(f"toolbox.commands.{COMMANDS[name][0]}").register(sub)
+        except ModuleNotFoundError as exc:
+            raise _missing(name, exc) from exc
+    for name, (_, help_line) in sorted(COMMANDS.items()):
+        if name not in sub.choices:
+            sub.add_parser(name, help=help_line)  # listed in --help; its module loads when it runs
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return 2
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_in(argv)
+    debug = os.environ.get("TOOLBOX_DEBUG") == "1" or "--debug" in argv[: argv.index(command) if command else None]
     try:
-        return int(args.func(args) or 0)
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return 2
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except (UserError, ToolError) as exc:
+        if debug:
+            traceback.print_exc()
         print(f"toolbox: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("toolbox: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `toolbox stacks | head -1`: the reader left; say nothing, and keep Python's own
+        # flush at exit from failing on the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # noqa: BLE001 (the CLI's last line of defence)
+        if debug:
+            traceback.print_exc()
+        else:
+            print(f"toolbox: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+                  file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

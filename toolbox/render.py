@@ -1,6 +1,8 @@
 """Render a stack into a Dockerfile and a whole build context.
 
-Output is deterministic: no timestamps, sorted lists, so the same stack renders byte-identical.
+Generic over components (toolbox/components/): each active component contributes its
+template partials, variables and context files; nothing here names one. Output is
+deterministic: no timestamps, sorted lists, so the same stack renders byte-identical.
 """
 
 from __future__ import annotations
@@ -12,23 +14,17 @@ import tempfile
 from pathlib import Path
 
 import jinja2
-import yaml
 
 from toolbox import components
-from toolbox.components import base as base_c
-from toolbox.components import hf as hf_c
-from toolbox.components import rocm as rocm_c
-from toolbox.components import torch as torch_c
-from toolbox.components import unsloth as unsloth_c
-from toolbox.components.labels import labels as stack_labels
+from toolbox.components import ContextFile
 from toolbox.errors import ToolError, UserError
+from toolbox.files import atomic_write  # noqa: F401  (re-exported: callers import it from here)
+from toolbox.lock import document as lock_document
 from toolbox.stack import PROJECT_ROOT, Stack
 
 TEMPLATES = PROJECT_ROOT / "dockerfiles"
-SCRIPTS = TEMPLATES / "scripts"
-ENTRYPOINTS = PROJECT_ROOT / "entrypoints"
-RCCL_PATCHES = PROJECT_ROOT / "rccl-patches"
-ABICHECK = PROJECT_ROOT / "toolbox" / "rccl" / "abicheck.py"
+DEVEL_STAGE = "stages/devel.j2"
+RESERVED = frozenset({"stack", "lock_digest", "builders", "runtimes"})
 
 
 def _env() -> jinja2.Environment:
@@ -45,128 +41,68 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def rccl_series_in_context(stack: Stack) -> str | None:
-    """The series dir's path inside the context (under rccl-patches/)."""
-    d = stack.rccl_patch_dir
-    if d is None:
-        return None
-    try:
-        return "rccl-patches/" + d.relative_to(RCCL_PATCHES.resolve()).as_posix()
-    except ValueError:
-        return f"rccl-patches/_stack/{d.name}"
-
-
-def _unsloth_patches(stack: Stack) -> list[dict]:
-    u = stack.unsloth
-    if u is None:
-        return []
-    out, files = [], iter(stack.unsloth_patches)
-    for i, p in enumerate(u.patches):
-        if p.file is not None:
-            f = next(files)
-            out.append({"name": f"{i:02d}-{f.name}", "url": None, "sha256": None, "src": f})
-        else:
-            out.append({"name": f"{i:02d}-url.patch", "url": p.url, "sha256": p.sha256, "src": None})
-    return out
-
-
-def _unsloth_reqs(stack: Stack) -> tuple[list[str], list[str]]:
-    u = stack.unsloth
-    if u is None:
-        return [], []
-    extras = f"[{','.join(sorted(u.extras))}]" if u.extras else ""
-    if u.source == "git":
-        wheels = [unsloth_c.wheel_name("unsloth", u.version), unsloth_c.wheel_name("unsloth_zoo", u.zoo_version)]
-        reqs = [
-            f'"unsloth{extras} @ file:///opt/toolbox/wheels/unsloth/{wheels[0]}"',
-            f'"unsloth_zoo @ file:///opt/toolbox/wheels/unsloth/{wheels[1]}"',
-        ]
-        return reqs, wheels
-    return [f'"unsloth{extras}=={u.version}"', f"unsloth_zoo=={u.zoo_version}"], []
-
-
 def _context(stack: Stack) -> dict:
     active = components.active(stack)
-    names = {c.name for c in active}
-    builders = []
+    builders: list[str] = []
     for c in active:
-        if c.builder is None:
+        if c.builder is None or not c.builds(stack):
             continue
-        if c.name == "unsloth" and stack.unsloth.source != "git":
-            continue
+        # One shared devel stage (compilers), placed before the first builder that needs it.
+        if c.needs_devel(stack) and DEVEL_STAGE not in builders:
+            builders.append(DEVEL_STAGE)
         builders.append(c.builder)
-        if c.name == "rocm" or (c.name == "base" and "rocm" not in names):
-            if names & {"rccl", "bitsandbytes"} or (stack.unsloth is not None and stack.unsloth.source == "git"):
-                builders.append("stages/devel.j2")
-    rocm_stage = None
-    if stack.rocm is not None:
-        rocm_stage = "rocm-fetch" if stack.rocm.source == "tarball" else "rocm-build"
-    unsloth_reqs, unsloth_wheels = _unsloth_reqs(stack)
-    return {
+    variables = {
         "stack": stack,
-        "lock_digest": stack.lock_digest(),
+        "lock_digest": stack.locked.digest,
         "builders": builders,
         "runtimes": [c.runtime for c in active if c.runtime],
-        "packages": {k: base_c.os_packages(stack, k) for k in ("runtime", "toolbx", "devel")},
-        "python": "python3" if stack.base.family == "debian" else stack.base.python,
-        "rocm_stage": rocm_stage,
-        "rocm_layout": rocm_c.TARBALL_LAYOUT,
-        "rccl_series": rccl_series_in_context(stack),
-        "torch_reqs": torch_c.requirements(stack),
-        "hf_reqs": hf_c.requirements(stack),
-        "unsloth_reqs": unsloth_reqs,
-        "unsloth_wheels": unsloth_wheels,
-        "unsloth_patches": _unsloth_patches(stack),
-        "labels": stack_labels(stack),
     }
+    owner: dict[str, str] = {}
+    for c in active:
+        for key, value in c.variables(stack, stack.locked).items():
+            if key in RESERVED or key in owner:
+                raise ToolError(f"component {c.name}: template variable {key!r} is already "
+                                f"{'render' if key in RESERVED else owner[key]}'s")
+            owner[key] = c.name
+            variables[key] = value
+    return variables
+
+
+def _render(template: str, **variables) -> str:
+    try:
+        return _env().get_template(template).render(**variables)
+    except jinja2.TemplateError as exc:
+        raise ToolError(f"template error in dockerfiles/{template}: {exc}") from exc
 
 
 def render_dockerfile(stack: Stack) -> str:
-    try:
-        return _env().get_template("Dockerfile.j2").render(**_context(stack))
-    except jinja2.TemplateError as exc:
-        raise ToolError(f"template error in dockerfiles/: {exc}") from exc
+    return _render("Dockerfile.j2", **_context(stack))
 
 
 def render_profile(stack: Stack) -> str:
-    return _env().get_template("scripts/profile.sh.j2").render(stack=stack)
-
-
-def lock_document(stack: Stack) -> str:
-    doc = {
-        "stack": stack.name,
-        "platform": stack.platform,
-        "base_image": stack.base_image,
-        "lock_digest": stack.lock_digest(),
-        "pins": stack.lock(),
-        "unverified": stack.unverified_pins(),
-    }
-    return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)
-
-
-def atomic_write(path: Path, text: str) -> Path:
-    """Write beside the target, then rename: a reader never sees half a file."""
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory; --output names a file")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UserError(f"{path}: folder {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return _render("scripts/profile.sh.j2", stack=stack)
 
 
 def _copytree(src: Path, dst: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", ".pytest_cache")
-    shutil.copytree(src, dst, ignore=ignore)
+    shutil.copytree(src, dst, ignore=ignore, dirs_exist_ok=True)
+
+
+def _place(entry: ContextFile, root: Path, stack: Stack, owner: str) -> None:
+    target = root / entry.dest
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if entry.template is not None:
+        target.write_text(_render(entry.template, stack=stack), encoding="utf-8")
+    elif entry.text is not None:
+        target.write_text(entry.text, encoding="utf-8")
+    elif entry.src is None:
+        target.mkdir(exist_ok=True)
+    elif entry.src.is_dir():
+        _copytree(entry.src, target)
+    elif entry.src.is_file():
+        shutil.copy2(entry.src, target)
+    else:
+        raise ToolError(f"{entry.src} is missing; component {owner} puts it in the build context")
 
 
 def write_context(stack: Stack, dest: Path) -> Path:
@@ -181,34 +117,10 @@ def write_context(stack: Stack, dest: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
-        (tmp / "stack.lock.yaml").write_text(lock_document(stack), encoding="utf-8")
-        scripts = tmp / "scripts"
-        scripts.mkdir()
-        for f in sorted(SCRIPTS.iterdir()):
-            if f.suffix == ".sh":
-                shutil.copy2(f, scripts / f.name)
-        (scripts / "profile.sh").write_text(render_profile(stack), encoding="utf-8")
-        if stack.rccl is not None:
-            if not ABICHECK.is_file():
-                raise ToolError(f"{ABICHECK} is missing; the rocm image runs it against torch")
-            shutil.copy2(ABICHECK, scripts / "rccl-abi-check.py")
-        _copytree(ENTRYPOINTS, tmp / "entrypoints")
-        if RCCL_PATCHES.is_dir():
-            _copytree(RCCL_PATCHES, tmp / "rccl-patches")
-        else:
-            (tmp / "rccl-patches").mkdir()
-        series = rccl_series_in_context(stack)
-        if series and series.startswith("rccl-patches/_stack/"):
-            _copytree(stack.rccl_patch_dir, tmp / series)
-        patches = _unsloth_patches(stack)
-        if patches:
-            pdir = tmp / "patches" / "unsloth"
-            pdir.mkdir(parents=True)
-            for p in patches:
-                if p["src"] is not None:
-                    shutil.copy2(p["src"], pdir / p["name"])
-            (pdir / ".keep").write_text("", encoding="utf-8")
-        (tmp / "wheelhouse").mkdir()
+        (tmp / "stack.lock.yaml").write_text(lock_document(stack, stack.locked), encoding="utf-8")
+        for c in components.active(stack):
+            for entry in c.context(stack):
+                _place(entry, tmp, stack, c.name)
         if dest.exists():
             dest.rmdir()
         os.replace(tmp, dest)

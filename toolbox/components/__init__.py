@@ -1,36 +1,83 @@
-"""One module per installed thing. Each contributes template partials, pins and labels.
+"""Components: one module per installed thing (ROCm, RCCL, torch, ...), each owning all of it.
 
-A component's `builder` partial renders a builder stage (compilers and sources stay there);
-its `runtime` partial renders the steps of the runtime stage, where builder stages' results
-are copied in. ORDER is by how often the pins change (ROCm first, Unsloth/HF last, labels
-at the very end), so a bump of a late pin reuses every earlier layer.
+`toolbox.render` knows no component by name: it loops over `active(stack)` and collects what
+each one contributes through the hooks below (the shape of hpc-container-maker's building
+blocks, which own their build steps and their runtime copy, and of repo2docker's build packs,
+whose `get_packages`/`get_env`/`get_build_script_files` hooks one generic `render()` collects).
+
+A component module defines `COMPONENT = Component(...)` with:
+
+- `name`: the block of the stack it installs (also what ORDER and messages call it).
+- `applies(stack) -> bool`: whether the stack uses it; only active components contribute.
+- `pins(stack) -> {pin: value}`: its entries in the lock (`toolbox.lock`); every value that
+  changes what gets built must be a pin, since the lock digest tags the image.
+- `builder`: a template under dockerfiles/ rendering its builder stage (sources and compilers
+  stay there), and `builds(stack) -> bool` when that stage is only sometimes needed.
+- `runtime`: a template rendering its steps in the runtime stage (copying builder results in).
+- `needs_devel(stack) -> bool`: its builder stage starts `FROM devel` (compilers); render puts
+  the shared devel stage right before the first builder stage that needs it.
+- `variables(stack, lock) -> dict`: template variables its templates use. Names must not clash
+  with another component's (render refuses a clash); `stack`, `lock_digest`, `builders` and
+  `runtimes` are render's own.
+- `context(stack) -> [ContextFile]`: what it puts into the build context besides the
+  Dockerfile and stack.lock.yaml (files or folders copied, templates rendered, empty folders).
+
+Adding a component: a module here with those hooks, its templates, its block in
+toolbox/stack_model.py, and its place in ORDER. ORDER is by how often the pins change (ROCm
+first, Unsloth/HF last, labels at the very end), so a bump of a late pin reuses every earlier
+layer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    from toolbox.lock import Lock
     from toolbox.stack import Stack
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    """One entry of the build context: `dest` (a path inside it) from at most one of
+    `src` (a file or folder, copied; folders merge), `template` (a path under dockerfiles/,
+    rendered with the stack), `text` (the file's content); none of them: an empty folder."""
+
+    dest: str
+    src: Path | None = None
+    template: str | None = None
+    text: str | None = None
+
+
+def _none(*_a: Any) -> dict:
+    return {}
 
 
 @dataclass(frozen=True)
 class Component:
     name: str
     applies: Callable[["Stack"], bool]
-    pins: Callable[["Stack"], dict[str, str]]
+    pins: Callable[["Stack"], dict[str, str]] = _none
     builder: str | None = None
     runtime: str | None = None
+    builds: Callable[["Stack"], bool] = lambda s: True
+    needs_devel: Callable[["Stack"], bool] = lambda s: False
+    variables: Callable[["Stack", "Lock"], dict[str, Any]] = _none
+    context: Callable[["Stack"], list[ContextFile]] = lambda s: []
 
 
-def _order() -> list[Component]:
-    from toolbox.components import (
-        base, bitsandbytes, entrypoints, hf, labels, rccl, rocm, torch, unsloth,
-    )
+ORDER = ("base", "rocm", "rccl", "torch", "bitsandbytes", "hf", "unsloth", "entrypoints", "labels")
 
-    return [m.COMPONENT for m in (base, rocm, rccl, torch, bitsandbytes, hf, unsloth, entrypoints, labels)]
+
+def _all() -> list[Component]:
+    import importlib
+
+    return [importlib.import_module(f"toolbox.components.{name}").COMPONENT for name in ORDER]
 
 
 def active(stack: "Stack") -> list[Component]:
-    return [c for c in _order() if c.applies(stack)]
+    return [c for c in _all() if c.applies(stack)]

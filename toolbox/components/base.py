@@ -1,6 +1,8 @@
 """The OS layer: base image, toolbx/distrobox packages, the /opt/venv Python environment."""
 
-from toolbox.components import Component
+from toolbox.components import PROJECT_ROOT, Component, ContextFile
+
+SCRIPTS = PROJECT_ROOT / "dockerfiles" / "scripts"
 
 # What toolbx and distrobox expect inside an image (they add the user and sudo rule at create).
 TOOLBX_PACKAGES = {
@@ -39,4 +41,22 @@ def _pins(stack):
     return pins
 
 
-COMPONENT = Component("base", applies=lambda s: True, pins=_pins, builder="stages/base.j2")
+def _variables(stack, lock):
+    return {
+        "packages": {k: os_packages(stack, k) for k in ("runtime", "toolbx", "devel")},
+        "python": "python3" if stack.base.family == "debian" else stack.base.python,
+    }
+
+
+def _context(stack):
+    out = [ContextFile(f"scripts/{f.name}", src=f) for f in sorted(SCRIPTS.iterdir()) if f.suffix == ".sh"]
+    out.append(ContextFile("scripts/profile.sh", template="scripts/profile.sh.j2"))
+    # Empty unless --wheelhouse fills it; every RUN bind-mounts it as pip's find-links.
+    out.append(ContextFile("wheelhouse"))
+    # Present in every context (empty unless the rccl component fills it): one layout for all stacks.
+    out.append(ContextFile("rccl-patches"))
+    return out
+
+
+COMPONENT = Component("base", applies=lambda s: True, pins=_pins, builder="stages/base.j2",
+                      variables=_variables, context=_context)

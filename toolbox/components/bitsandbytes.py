@@ -11,4 +11,5 @@ def _pins(stack):
 COMPONENT = Component(
     "bitsandbytes", applies=lambda s: s.bitsandbytes is not None and s.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
+    needs_devel=lambda s: True,
 )

@@ -1,5 +1,6 @@
 """The project's training entrypoints (finetune, launch, rccl-check), then the final pip check."""
 
-from toolbox.components import Component
+from toolbox.components import PROJECT_ROOT, Component, ContextFile
 
-COMPONENT = Component("entrypoints", applies=lambda s: True, pins=lambda s: {}, runtime="runtime/entrypoints.j2")
+COMPONENT = Component("entrypoints", applies=lambda s: True, runtime="runtime/entrypoints.j2",
+                      context=lambda s: [ContextFile("entrypoints", src=PROJECT_ROOT / "entrypoints")])

@@ -13,4 +13,5 @@ def _pins(stack):
     return {f"{n}.version": getattr(stack.hf, n) for n in NAMES}
 
 
-COMPONENT = Component("hf", applies=lambda s: True, pins=_pins, runtime="runtime/hf.j2")
+COMPONENT = Component("hf", applies=lambda s: True, pins=_pins, runtime="runtime/hf.j2",
+                      variables=lambda s, lock: {"hf_reqs": requirements(s)})

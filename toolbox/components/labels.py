@@ -3,7 +3,7 @@
 from toolbox.components import Component
 
 
-def labels(stack) -> dict[str, str]:
+def labels(stack, lock) -> dict[str, str]:
     img = stack.image
     out = {
         "com.github.containers.toolbox": "true",
@@ -12,17 +12,18 @@ def labels(stack) -> dict[str, str]:
         "org.opencontainers.image.source": img.source,
         "org.opencontainers.image.title": f"{img.title}-{stack.name}",
         "org.opencontainers.image.vendor": img.vendor,
-        "org.opencontainers.image.version": stack.lock_digest(),
+        "org.opencontainers.image.version": lock.digest,
         "io.github.toolbox.stack": stack.name,
-        "io.github.toolbox.lock-digest": stack.lock_digest(),
+        "io.github.toolbox.lock-digest": lock.digest,
         "io.github.toolbox.platform": stack.platform,
     }
     if stack.base.digest:
         out["org.opencontainers.image.base.digest"] = stack.base.digest
     out["org.opencontainers.image.base.name"] = stack.base.image
-    for pin, value in stack.lock().items():
+    for pin, value in lock.pins.items():
         out[f"io.github.toolbox.{pin}"] = value
     return dict(sorted(out.items()))
 
 
-COMPONENT = Component("labels", applies=lambda s: True, pins=lambda s: {"platform": s.platform}, runtime="runtime/labels.j2")
+COMPONENT = Component("labels", applies=lambda s: True, pins=lambda s: {"platform": s.platform},
+                      runtime="runtime/labels.j2", variables=lambda s, lock: {"labels": labels(s, lock)})

@@ -1,21 +1,45 @@
 """RCCL built from a pinned commit of ROCm/rocm-systems with the series in rccl-patches/."""
 
-from toolbox.components import Component
+from toolbox.components import PROJECT_ROOT, Component, ContextFile
+
+RCCL_PATCHES = PROJECT_ROOT / "rccl-patches"
+ABICHECK = PROJECT_ROOT / "toolbox" / "rccl" / "abicheck.py"
 
 
 def _pins(stack):
     r = stack.rccl
-    pins = {
+    return {
         "rccl.commit": r.commit or "unverified",
         "rccl.repo": r.repo,
         "rccl.gpu_targets": ",".join(stack.rccl_targets),
+        "rccl.patches.sha256": stack.rccl_series.digest() if stack.rccl_series else "none",
     }
-    digest = stack.patch_series_digest()
-    pins["rccl.patches.sha256"] = digest or "none"
-    return pins
+
+
+def series_in_context(stack) -> str | None:
+    """The series folder's path inside the context: under rccl-patches/, or _stack/ for one outside."""
+    if stack.rccl_series is None:
+        return None
+    d = stack.rccl_series.path.parent
+    try:
+        return "rccl-patches/" + d.relative_to(RCCL_PATCHES.resolve()).as_posix()
+    except ValueError:
+        return f"rccl-patches/_stack/{d.name}"
+
+
+def _context(stack):
+    # The image runs the ABI check against torch's libtorch_hip.so (runtime/torch.j2).
+    out = [ContextFile("scripts/rccl-abi-check.py", src=ABICHECK)]
+    if RCCL_PATCHES.is_dir():
+        out.append(ContextFile("rccl-patches", src=RCCL_PATCHES))
+    where = series_in_context(stack)
+    if where and where.startswith("rccl-patches/_stack/"):
+        out.append(ContextFile(where, src=stack.rccl_series.path.parent))
+    return out
 
 
 COMPONENT = Component(
     "rccl", applies=lambda s: s.rccl is not None, pins=_pins,
-    builder="stages/rccl.j2", runtime="runtime/rccl.j2",
+    builder="stages/rccl.j2", runtime="runtime/rccl.j2", needs_devel=lambda s: True,
+    variables=lambda s, lock: {"rccl_series": series_in_context(s)}, context=_context,
 )

@@ -18,7 +18,12 @@ def _pins(stack):
     return pins
 
 
+def _variables(stack, lock):
+    stage = "rocm-fetch" if stack.rocm.source == "tarball" else "rocm-build"
+    return {"rocm_stage": stage, "rocm_layout": TARBALL_LAYOUT}
+
+
 COMPONENT = Component(
     "rocm", applies=lambda s: s.rocm is not None, pins=_pins,
-    builder="stages/rocm.j2", runtime="runtime/rocm.j2",
+    builder="stages/rocm.j2", runtime="runtime/rocm.j2", variables=_variables,
 )

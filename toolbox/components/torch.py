@@ -25,4 +25,5 @@ def _pins(stack):
     return pins
 
 
-COMPONENT = Component("torch", applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2")
+COMPONENT = Component("torch", applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
+                      variables=lambda s, lock: {"torch_reqs": requirements(s)})

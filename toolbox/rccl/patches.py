@@ -14,6 +14,7 @@ for each patch runs `git apply --check` followed by `git am`, and reports per pa
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -47,6 +48,22 @@ class Series:
     upstream: str | None = None
     base_commit: str | None = None
     subdir: str | None = None
+    names: list[str] = field(default_factory=list)  # as written in the series file
+
+    def digest(self) -> str:
+        """sha256 over each patch's name and bytes, in order (the lock's rccl.patches.sha256)."""
+        h = hashlib.sha256()
+        for name, patch in zip(self.names, self.patches):
+            h.update(name.encode() + b"\0" + patch.read_bytes() + b"\0")
+        return h.hexdigest()
+
+
+class MissingPatch(UserError):
+    """A series names a patch file that is not there."""
+
+    def __init__(self, series: Path, line: int, name: str):
+        super().__init__(f"{series}:{line}: patch file {(series.parent / name).resolve()} does not exist")
+        self.series, self.line, self.name = series, line, name
 
 
 @dataclass
@@ -116,8 +133,9 @@ def parse_series(path: Path) -> Series:
         seen[name] = no
         patch = (path.parent / name).resolve()
         if not patch.is_file():
-            raise UserError(f"{path}:{no}: patch file {patch} does not exist")
+            raise MissingPatch(path, no, name)
         series.patches.append(patch)
+        series.names.append(name)
     if not series.patches:
         raise UserError(f"{path}: the series lists no patches")
     return series

@@ -1,0 +1,66 @@
+"""The lock: every pin of a stack, its digest and its unverified pins, computed once per stack.
+
+`toolbox.stack.load_stack` computes it when the stack is loaded (the patch series is hashed
+then, once) and the Stack carries it; components receive it as an argument instead of asking
+the stack back, so nothing here depends on toolbox.stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import BaseModel
+
+from toolbox import components
+
+if TYPE_CHECKING:
+    from toolbox.stack import Stack
+
+
+@dataclass(frozen=True)
+class Lock:
+    pins: dict[str, str]
+    digest: str  # 12 hex: the image tag and the lock-digest label
+    unverified: tuple[str, ...]
+
+
+def unverified_paths(model: BaseModel) -> list[str]:
+    """Field paths of every block marked `unverified: true`."""
+    out: list[str] = []
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, BaseModel):
+            if getattr(obj, "unverified", False):
+                out.append(path)
+            for name in type(obj).model_fields:
+                walk(getattr(obj, name), f"{path}.{name}" if path else name)
+
+    walk(model, "")
+    return sorted(out)
+
+
+def compute(stack: "Stack") -> Lock:
+    pins: dict[str, str] = {}
+    for comp in components.active(stack):
+        pins.update(comp.pins(stack))
+    pins = dict(sorted(pins.items()))
+    blob = json.dumps({"stack": stack.model.name, "pins": pins}, sort_keys=True).encode()
+    return Lock(pins=pins, digest=hashlib.sha256(blob).hexdigest()[:12],
+                unverified=tuple(unverified_paths(stack.model)))
+
+
+def document(stack: "Stack", lock: Lock) -> str:
+    """stack.lock.yaml, as the image ships it in /opt/toolbox/."""
+    doc = {
+        "stack": stack.model.name,
+        "platform": stack.model.platform,
+        "base_image": stack.model.base.ref,
+        "lock_digest": lock.digest,
+        "pins": dict(lock.pins),
+        "unverified": list(lock.unverified),
+    }
+    return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)

@@ -1,0 +1,156 @@
+"""Reading stack files: YAML with the line of every field, `extends:` and `--set` overrides.
+
+The result is a plain dict plus an `Origin` (where each field path was written), so that a
+validation error of toolbox.stack_model names the file and line the user must edit. Public
+API (toolbox.bump uses it too): `Origin`, `read_yaml`, `load_raw`, `apply_override`,
+`format_errors`, `field_lines`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from pydantic import ValidationError
+
+from toolbox.errors import UserError
+
+
+@dataclass
+class Origin:
+    """Where each field path of the merged raw stack came from: (file or `--set ...`, line)."""
+
+    lines: dict[tuple, tuple[str, int | None]] = field(default_factory=dict)
+
+    def find(self, path: tuple) -> tuple[str, int | None]:
+        """The nearest recorded place of path or of its closest parent."""
+        for n in range(len(path), -1, -1):
+            if path[:n] in self.lines:
+                return self.lines[path[:n]]
+        return ("<stack>", None)
+
+    def where(self, path: tuple) -> str:
+        src, line = self.find(path)
+        return f"{src}:{line}" if line else src
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct(node: yaml.Node, src: str, path: tuple, origin: Origin) -> Any:
+    origin.lines[path] = (src, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict = {}
+        for k_node, v_node in node.value:
+            key = k_node.value
+            if key in out:
+                raise UserError(f"{src}:{k_node.start_mark.line + 1}: {'.'.join(map(str, path + (key,)))}: duplicate key")
+            origin.lines[path + (key,)] = (src, k_node.start_mark.line + 1)
+            out[key] = _construct(v_node, src, path + (key,), origin)
+            origin.lines[path + (key,)] = (src, k_node.start_mark.line + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(v, src, path + (i,), origin) for i, v in enumerate(node.value)]
+    loader = _Loader("")
+    return loader.construct_object(node, deep=True)
+
+
+def read_yaml(path: Path, origin: Origin) -> dict:
+    """One YAML file (no `extends:` handling) as a dict; records each field's line in origin."""
+    src = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{src}: cannot read stack file: {exc.strerror}") from None
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"{src}{where}: malformed YAML: {getattr(exc, 'problem', exc)}") from None
+    if node is None or not isinstance(node, yaml.MappingNode):
+        raise UserError(f"{src}:1: a stack file must be a YAML mapping")
+    return _construct(node, src, (), origin)
+
+
+def field_lines(path: Path) -> dict[tuple, int]:
+    """The line each field path is written on in this one file (for in-place edits)."""
+    origin = Origin()
+    read_yaml(path, origin)
+    return {k: line for k, (_, line) in origin.lines.items() if line is not None}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_raw(path: Path, origin: Origin, resolve: Callable[[str, Path], Path],
+             seen: tuple[Path, ...] = ()) -> dict:
+    """The file merged over what it `extends:` (resolve(ref, folder) finds the parent file)."""
+    path = Path(path).resolve()
+    if path in seen:
+        raise UserError(f"{path}: extends: cycle ({' -> '.join(str(s) for s in seen + (path,))})")
+    raw = read_yaml(path, origin)
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise UserError(f"{origin.where(('extends',))}: extends: must be a stack name or a path")
+    base_origin = Origin()
+    base = load_raw(resolve(parent, path.parent), base_origin, resolve, seen + (path,))
+    # The child's lines win where it sets a field; the rest point into the parent.
+    merged_lines = dict(base_origin.lines)
+    merged_lines.update({k: v for k, v in origin.lines.items() if k != ("extends",)})
+    origin.lines = merged_lines
+    return _merge(base, raw)
+
+
+def apply_override(raw: dict, text: str, origin: Origin) -> None:
+    """Apply one `--set key.path=value` (value read as YAML, numbers kept as written)."""
+    src = f"--set {text}"
+    key, sep, value = text.partition("=")
+    if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", key):
+        raise UserError(f"{src}: expected key.path=value")
+    try:
+        parsed = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError:
+        parsed = value
+    # Versions stay strings: `--set hf.trl=1.10` must not become the float 1.1.
+    if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+        parsed = value
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise UserError(f"{src}: {'.'.join(parts[: i + 1])} is not a mapping")
+        node = nxt
+    node[parts[-1]] = parsed
+    for n in range(1, len(parts) + 1):
+        origin.lines[tuple(parts[:n])] = (src, None)
+
+
+def format_errors(exc: ValidationError, origin: Origin) -> str:
+    """One `file:line: field.path: message` line per pydantic error."""
+    msgs = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        path = ".".join(str(p) for p in loc) or "<top>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling)"
+        msgs.append(f"{origin.where(loc)}: {path}: {msg}")
+    return "\n".join(msgs)

@@ -1,0 +1,302 @@
+"""The stack schema: pydantic models that forbid unknown keys, one description per field.
+
+Validation only: reading the YAML (lines, `extends:`, `--set`) is toolbox.stack_loader, and what
+is derived from a valid stack (patch files, pins, lock) is toolbox.stack and toolbox.lock.
+`python -c 'import json, toolbox.stack_model as m; print(json.dumps(m.StackModel.model_json_schema()))'`
+prints the schema with these descriptions.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# An exact version: starts with a digit, no range operators, no wildcards.
+VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
+# ROCm targets this project knows how to build for; a typo like gfx1115 must not reach cmake,
+# where an unknown or empty GPU_TARGETS silently falls back to gfx906.
+KNOWN_GPU_TARGETS = frozenset(
+    {
+        "gfx906", "gfx908", "gfx90a", "gfx942", "gfx950",
+        "gfx1030", "gfx1100", "gfx1101", "gfx1102", "gfx1103",
+        "gfx1150", "gfx1151", "gfx1152", "gfx1200", "gfx1201",
+    }
+)
+FLOATING_WORDS = {"latest", "main", "master", "head", "nightly", "stable", "develop", "dev"}
+
+
+def _commit(value: str) -> str:
+    if not isinstance(value, str) or not COMMIT_RE.match(value):
+        hint = " (a branch, tag or 'latest' is not a pin; `toolbox bump` resolves one)"
+        raise ValueError(f"must be a full 40-hex commit, got {value!r}{hint}")
+    return value
+
+
+def _version(value: Any) -> str:
+    if isinstance(value, (int, float)):
+        raise ValueError(f"write the version as a quoted string, got {value!r}")
+    if not isinstance(value, str) or value.lower() in FLOATING_WORDS or not VERSION_RE.match(value):
+        raise ValueError(f"must be an exact version like 1.2.3, got {value!r} (no ranges, no 'latest')")
+    return value
+
+
+def _sha256(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not SHA256_RE.match(value):
+        raise ValueError(f"must be 64 lowercase hex characters (a sha256), got {value!r}")
+    return value
+
+
+def _url(value: str) -> str:
+    if not isinstance(value, str) or not re.match(r"^(https?|file)://\S+$", value):
+        raise ValueError(f"must be an http(s) or file URL, got {value!r}")
+    return value
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Base(Model):
+    image: str = Field(description='base image with a release tag, e.g. registry.fedoraproject.org/fedora:43 (no floating tags)')
+    digest: Optional[str] = Field(None, description='manifest digest sha256:<64 hex> the image is pulled by; `toolbox bump base` resolves it')
+    family: Literal["fedora", "debian"] = Field(description='OS family: picks the package manager and package names')
+    python: str = Field("python3", description="the base's interpreter the /opt/venv is made with (fedora; debian always uses python3)")
+    unverified: bool = Field(False, description='true while the digest is not pinned: `toolbox build` then needs --allow-unverified')
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        name, _, tag = v.rpartition(":")
+        if "/" in tag or not name or not tag:
+            raise ValueError(f"must name a tag, like fedora:43, got {v!r}")
+        if tag.lower() in FLOATING_WORDS:
+            raise ValueError(f"tag {tag!r} floats; name a release tag and pin a digest")
+        return v
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and not DIGEST_RE.match(v):
+            raise ValueError(f"must be sha256:<64 hex>, got {v!r}")
+        return v
+
+    @property
+    def ref(self) -> str:
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+class Tarball(Model):
+    url: str = Field(description='http(s) URL of a TheRock dist tarball')
+    sha256: Optional[str] = Field(None, description="the tarball's sha256, checked in the build before extracting")
+    unverified: bool = Field(False, description='true while sha256 is unknown: the build then cannot check the download')
+    _u = field_validator("url")(classmethod(lambda cls, v: _url(v)))
+    _s = field_validator("sha256")(classmethod(lambda cls, v: _sha256(v)))
+
+    @model_validator(mode="after")
+    def _hash_or_unverified(self) -> "Tarball":
+        if self.sha256 is None and not self.unverified:
+            raise ValueError("sha256 is required (or mark the pin `unverified: true`)")
+        return self
+
+
+class TheRockSource(Model):
+    repo: str = Field(description="TheRock's git URL")
+    commit: str = Field(description='40-hex commit of TheRock to build')
+    components: list[str] = Field(description='THEROCK_ENABLE_<X> names to build (upper case)')
+    unverified: bool = Field(False, description='true while the commit is not verified')
+    _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
+    _c = field_validator("commit")(classmethod(lambda cls, v: _commit(v)))
+
+    @field_validator("components")
+    @classmethod
+    def _sorted(cls, v: list[str]) -> list[str]:
+        for c in v:
+            if not re.match(r"^[A-Z0-9_]+$", c):
+                raise ValueError(f"component {c!r} is not a THEROCK_ENABLE_<X> name (upper case)")
+        return sorted(set(v))
+
+
+class Rocm(Model):
+    source: Literal["tarball", "source"] = Field(description='tarball: a TheRock release tarball; source: build TheRock from a commit')
+    version: str = Field(description='ROCm version, exact (e.g. "7.13.0")')
+    prefix: str = Field("/opt/rocm", description='where ROCm is installed in the image')
+    tarball: Optional[Tarball] = Field(None, description='the tarball (source: tarball)')
+    therock: Optional[TheRockSource] = Field(None, description='TheRock checkout (source: source)')
+    _v = field_validator("version")(classmethod(lambda cls, v: _version(v)))
+
+    @model_validator(mode="after")
+    def _source_block(self) -> "Rocm":
+        if self.source == "tarball" and self.tarball is None:
+            raise ValueError("source: tarball needs a `tarball:` block (url, sha256)")
+        if self.source == "source" and self.therock is None:
+            raise ValueError("source: source needs a `therock:` block (repo, commit, components)")
+        return self
+
+
+def _targets(v: list[str]) -> list[str]:
+    for t in v:
+        if t not in KNOWN_GPU_TARGETS:
+            raise ValueError(f"unknown GPU target {t!r}; known: {', '.join(sorted(KNOWN_GPU_TARGETS))}")
+    return sorted(set(v))
+
+
+class Rccl(Model):
+    repo: str = Field(description='git URL of the repository holding RCCL (ROCm/rocm-systems)')
+    # None only while unverified: the build then cannot fetch RCCL at all.
+    commit: Optional[str] = Field(None, description='40-hex commit of that repository; None only while unverified')
+    subdir: str = Field("projects/rccl", description="RCCL's folder inside the repository")
+    patches: Optional[str] = Field(None, description='a patch series folder (with a quilt-style `series` file), relative to the stack file or the project')
+    # None: the stack's gpu_targets, so another target is one field for the whole stack.
+    gpu_targets: Optional[list[str]] = Field(None, description="targets RCCL is built for; unset: the stack's gpu_targets")
+    enable_smi: bool = Field(False, description='build RCCL with amd-smi support')
+    build_rccl_tests: bool = Field(False, description='also build rccl-tests (all_reduce_perf, ...) for `rccl-check`')
+    unverified: bool = Field(False, description='true while the commit is not verified')
+    _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
+    _c = field_validator("commit")(classmethod(lambda cls, v: None if v is None else _commit(v)))
+    _t = field_validator("gpu_targets")(classmethod(lambda cls, v: None if v is None else _targets(v)))
+
+    @field_validator("gpu_targets")
+    @classmethod
+    def _nonempty(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("must name at least one target (an empty list silently builds gfx906)")
+        return v
+
+    @model_validator(mode="after")
+    def _commit_or_unverified(self) -> "Rccl":
+        if self.commit is None and not self.unverified:
+            raise ValueError("commit is required (or mark the block `unverified: true`)")
+        return self
+
+
+class Torch(Model):
+    index_url: Optional[str] = Field(None, description="pip index the torch wheels come from (e.g. AMD's per-target index)")
+    torch: str = Field(description='exact torch version, local tag included (e.g. "2.11.0+rocm7.13.0")')
+    torchvision: Optional[str] = Field(None, description='exact torchvision version, or unset to leave it out')
+    torchaudio: Optional[str] = Field(None, description='exact torchaudio version, or unset to leave it out')
+    unverified: bool = Field(False, description='true while these versions are not verified against the index')
+    _v = field_validator("torch", "torchvision", "torchaudio")(
+        classmethod(lambda cls, v: None if v is None else _version(v))
+    )
+    _u = field_validator("index_url")(classmethod(lambda cls, v: None if v is None else _url(v)))
+
+
+class Bitsandbytes(Model):
+    repo: str = Field("https://github.com/bitsandbytes-foundation/bitsandbytes", description='bitsandbytes git URL')
+    commit: str = Field(description='40-hex commit to build (HIP backend)')
+    version: str = Field(description='the version that commit builds (names its wheel)')
+    unverified: bool = Field(False, description='true while the commit is not verified')
+    _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
+    _c = field_validator("commit")(classmethod(lambda cls, v: _commit(v)))
+    _v = field_validator("version")(classmethod(lambda cls, v: _version(v)))
+
+
+class PatchRef(Model):
+    """A patch applied to a source tree: a file in the repo, or an upstream diff by URL + sha256."""
+
+    file: Optional[str] = Field(None, description='a patch file, relative to the stack file or the project')
+    url: Optional[str] = Field(None, description='an upstream diff URL (needs sha256)')
+    sha256: Optional[str] = Field(None, description="the sha256 of the diff behind url")
+    _s = field_validator("sha256")(classmethod(lambda cls, v: _sha256(v)))
+
+    @model_validator(mode="after")
+    def _one(self) -> "PatchRef":
+        if (self.file is None) == (self.url is None):
+            raise ValueError("give exactly one of `file` or `url`")
+        if self.url is not None:
+            _url(self.url)
+            if self.sha256 is None:
+                raise ValueError("a patch by url needs its sha256")
+        return self
+
+
+class Unsloth(Model):
+    source: Literal["git", "pypi"] = Field(description='git: wheels built from pinned commits (patches applied); pypi: released versions')
+    version: str = Field(description='unsloth version (names its wheel with source: git)')
+    zoo_version: str = Field(description='unsloth_zoo version')
+    repo: str = Field("https://github.com/unslothai/unsloth", description='unsloth git URL')
+    commit: Optional[str] = Field(None, description='40-hex unsloth commit (source: git)')
+    zoo_repo: str = Field("https://github.com/unslothai/unsloth-zoo", description='unsloth-zoo git URL')
+    zoo_commit: Optional[str] = Field(None, description='40-hex unsloth-zoo commit (source: git)')
+    extras: list[str] = Field(default_factory=list, description='unsloth extras to install, e.g. [huggingfacenotorch]')
+    patches: list[PatchRef] = Field(default_factory=list, description='patches applied to unsloth before its wheel is built (source: git)')
+    unverified: bool = Field(False, description='true while the pins are not verified')
+    _v = field_validator("version", "zoo_version")(classmethod(lambda cls, v: _version(v)))
+    _c = field_validator("commit", "zoo_commit")(classmethod(lambda cls, v: None if v is None else _commit(v)))
+
+    @model_validator(mode="after")
+    def _git_needs_commits(self) -> "Unsloth":
+        if self.source == "git" and (self.commit is None or self.zoo_commit is None):
+            raise ValueError("source: git needs `commit` and `zoo_commit` (40-hex)")
+        return self
+
+
+class Hf(Model):
+    transformers: str = Field(description='exact transformers version')
+    trl: str = Field(description='exact trl version')
+    peft: str = Field(description='exact peft version')
+    accelerate: str = Field(description='exact accelerate version')
+    datasets: str = Field(description='exact datasets version')
+    _v = field_validator("transformers", "trl", "peft", "accelerate", "datasets")(
+        classmethod(lambda cls, v: _version(v))
+    )
+
+
+class Image(Model):
+    title: str = Field("toolbox", description='image title; the label gets -<stack name> appended')
+    description: str = Field("", description="OCI description label (default: the stack's description)")
+    source: str = Field("https://github.com/toolbox/toolbox", description='OCI source label')
+    licenses: str = Field("Apache-2.0", description='OCI licenses label')
+    vendor: str = Field("toolbox", description='OCI vendor label')
+
+
+class StackModel(Model):
+    name: str = Field(description="stack name: lower case letters, digits, '.', '_' or '-'; part of the image tag")
+    description: str = Field("", description='one line saying what the stack is for')
+    platform: Literal["rocm", "cuda", "cpu"] = Field(description='rocm, cuda or cpu: which blocks below apply')
+    base: Base = Field(description='the base image')
+    gpu_targets: list[str] = Field(default_factory=list, description='AMD GPU targets (platform rocm only), e.g. [gfx1151]')
+    rocm: Optional[Rocm] = Field(None, description='ROCm (platform rocm only)')
+    rccl: Optional[Rccl] = Field(None, description='RCCL built from source with a patch series (platform rocm only)')
+    torch: Torch = Field(description='PyTorch')
+    bitsandbytes: Optional[Bitsandbytes] = Field(None, description='bitsandbytes built from source (platform rocm only)')
+    unsloth: Optional[Unsloth] = Field(None, description='Unsloth and unsloth_zoo')
+    hf: Hf = Field(description='the Hugging Face training libraries')
+    image: Image = Field(default_factory=Image, description='OCI labels')
+    _t = field_validator("gpu_targets")(classmethod(lambda cls, v: _targets(v)))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.match(r"^[a-z0-9][a-z0-9._-]*$", v):
+            raise ValueError(f"must be lower case letters, digits, '.', '_' or '-', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _platform(self) -> "StackModel":
+        if self.platform == "rocm":
+            if self.rocm is None:
+                raise ValueError("platform rocm needs a `rocm:` block")
+            if not self.gpu_targets:
+                raise ValueError("platform rocm needs gpu_targets (e.g. [gfx1151])")
+            if self.rccl is not None and self.rccl.gpu_targets is not None:
+                extra = sorted(set(self.rccl.gpu_targets) - set(self.gpu_targets))
+                if extra:
+                    raise ValueError(f"rccl.gpu_targets names {', '.join(extra)}, which gpu_targets does not "
+                                     "(drop rccl.gpu_targets to follow gpu_targets)")
+        else:
+            for key in ("rocm", "rccl"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"`{key}:` only belongs to platform rocm")
+            if self.gpu_targets:
+                raise ValueError("gpu_targets only belongs to platform rocm")
+        return self
+
+
