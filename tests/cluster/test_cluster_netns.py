@@ -234,7 +234,7 @@ def cpu_image_tag():
     sys.path.insert(0, str(ROOT / "tests" / "engines"))
     from enginekit import BASE_REF, CACHE, ca_bundle, podman, toolbox as tb, wheelhouse  # sets CONTAINERS_CONF
 
-    from toolbox.runtime import default_tag
+    from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
     tag = default_tag(load_stack("cpu"))

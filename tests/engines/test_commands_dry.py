@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from enginekit import toolbox
-from toolbox.runtime import run_spec
+from toolbox.run_options import run_spec
 
 
 def argv_of(cp) -> list[str]:
@@ -58,7 +58,7 @@ def test_run_dry_run_rocm_podman(tmp_path, monkeypatch):
         assert piece in joined, piece
     assert argv.count("--group-add") == 2
     # the command after the image, both `--` kept for launch
-    from toolbox.runtime import default_tag
+    from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
     image = default_tag(load_stack("gfx1151"))
@@ -113,7 +113,7 @@ def test_toolbx_and_distrobox_run_in_the_named_container(tmp_path):
 
 
 def test_create_commands():
-    from toolbox.runtime import default_tag
+    from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
     image = default_tag(load_stack("gfx1151"))
@@ -155,7 +155,7 @@ def test_build_dry_run_prints_runnable_commands(tmp_path):
         assert build[build.index(a) + 1] == b
     assert "--no-cache" in build and "-t" not in build  # tagged only after success
     assert build[build.index("--format") + 1] == "docker"  # SHELL (pipefail) is kept
-    from toolbox.runtime import default_tag
+    from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
     assert shlex.split(lines[3]) == ["podman", "tag", '$(cat "$IIDFILE")'.replace('"', ""), default_tag(load_stack("cpu"))]

@@ -128,7 +128,7 @@ def _steps(build_out: str) -> list[tuple[str, str | None]]:
 
 def test_rebuild_after_hf_pin_change_reuses_base_and_torch_layers(cpu_image, tmp_path):
     old = cpu_image["tag"]
-    from toolbox.runtime import default_tag
+    from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
     # a leftover of an earlier run would serve the HF step from cache too: drop it first
@@ -165,7 +165,7 @@ def test_rebuild_after_hf_pin_change_reuses_base_and_torch_layers(cpu_image, tmp
 
 
 def test_failed_stack_build_names_the_step_and_tags_nothing(cpu_image):
-    from toolbox.runtime import default_tag
+    from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
     tag = default_tag(load_stack("cpu", ["hf.peft=99.0.0"]))

@@ -74,7 +74,7 @@ def _fill_wheelhouse(src: Path, ctx: Path) -> None:
 def run(args) -> int:
     from toolbox.engines import BuildSpec, get_engine, quote, require
     from toolbox.render import write_context
-    from toolbox.runtime import default_tag
+    from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
     stack = load_stack(args.stack, args.overrides)

@@ -22,10 +22,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from toolbox.commands.run import resolve_target
-    from toolbox.engines import get_engine, quote
-    from toolbox.engines.distrobox import DistroboxEngine
-    from toolbox.runtime import gpu_options
-    from toolbox.engines import RunSpec
+    from toolbox.engines import RunSpec, get_engine, quote
+    from toolbox.run_options import gpu_options
 
     image, platform, stack = resolve_target(args)
     name = args.name or f"toolbox-{stack.name if stack else 'image'}"
@@ -41,8 +39,7 @@ def run(args) -> int:
         for argv in cmds:
             print(quote(argv))
         return 0
-    if isinstance(via, DistroboxEngine):
-        via._refuse_root()
+    via.check_user()
     if not via.available():
         raise ToolError(f"{via.name} is not available: {via.missing_hint()}")
     if platform == "rocm" and not os.path.exists("/dev/kfd"):

@@ -61,7 +61,7 @@ def label_checks(labels: dict, stack) -> list:
 
 def host_checks(args):
     from toolbox.commands.run import resolve_target
-    from toolbox.engines import IMAGE_ENGINES, get_engine
+    from toolbox.engines import ImageEngine, get_engine
     from toolbox_train.doctor import Check
 
     checks = []
@@ -73,7 +73,8 @@ def host_checks(args):
     except (ToolError, UserError) as exc:
         engine = None
         checks.append(Check("engine", "fail", "no container engine", str(exc)))
-    image, platform, stack = resolve_target(args, engine if engine and engine.name in IMAGE_ENGINES and engine.available() else None)
+    images = engine if isinstance(engine, ImageEngine) and engine.available() else None
+    image, platform, stack = resolve_target(args, images)
     if platform == "rocm":
         for dev in ("/dev/kfd", "/dev/dri"):
             checks.append(Check(dev, "ok" if os.path.exists(dev) else "fail",
@@ -124,7 +125,7 @@ def run(args) -> int:
     if not args.json:
         print("doctor: host checks passed" if rc == 0 else "doctor: host problems found (see fix: lines)")
     if args.in_image and info is not None:
-        from toolbox.runtime import check_rocm_host, run_spec
+        from toolbox.run_options import check_rocm_host, run_spec
 
         if platform == "rocm":
             check_rocm_host()

@@ -39,18 +39,19 @@ def add_target_args(p) -> None:
 
 
 def resolve_target(args, engine=None) -> tuple[str, str, object | None]:
-    """(image, platform, stack or None)."""
-    from toolbox.runtime import default_tag
+    """(image, platform, stack or None); ENGINE (an available ImageEngine) reads an image's
+    stack label when only --image is given."""
+    from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
     stack = None
     if args.image and not args.stack and not args.overrides:
         image = args.image
         platform = args.platform
-        if platform is None and engine is not None and hasattr(engine, "image_info"):
+        if platform is None and engine is not None:
             try:
                 info = engine.image_info(image)
-            except (NotImplementedError, ToolError):
+            except ToolError:
                 info = None
             name = ((info or {}).get("labels") or {}).get("io.github.toolbox.stack")
             if name:
@@ -69,8 +70,8 @@ def resolve_target(args, engine=None) -> tuple[str, str, object | None]:
 
 
 def run(args) -> int:
-    from toolbox.engines import IMAGE_ENGINES, get_engine, quote, require
-    from toolbox.runtime import check_rocm_host, run_spec
+    from toolbox.engines import ImageEngine, get_engine, quote, require
+    from toolbox.run_options import check_rocm_host, run_spec
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -78,7 +79,9 @@ def run(args) -> int:
     if not cmd:
         raise UserError("toolbox run: give the command after `--`, e.g. toolbox run -- finetune --config train.yaml")
     engine = get_engine(args.engine)
-    image, platform, _stack = resolve_target(args, engine if engine.name in IMAGE_ENGINES and engine.available() else None)
+    # podman/Docker run a throw-away container of the image; toolbx/distrobox enter --name's
+    images = engine if isinstance(engine, ImageEngine) else None
+    image, platform, _stack = resolve_target(args, images if images and images.available() else None)
     if args.workspace is not None and not args.workspace.is_dir():
         raise UserError(f"--workspace {args.workspace}: not a directory")
     if args.hf_cache is not None and args.hf_cache.exists() and not args.hf_cache.is_dir():
@@ -88,7 +91,7 @@ def run(args) -> int:
         workspace=args.workspace, mounts=args.mount, network=args.network, extra_env=args.env,
         hf_cache=args.hf_cache,
     )
-    if engine.name in IMAGE_ENGINES:
+    if images is not None:
         spec.tty = os.isatty(0) and os.isatty(1)
     if args.dry_run:
         if platform == "rocm" and not os.path.exists("/dev/kfd"):
@@ -96,9 +99,10 @@ def run(args) -> int:
         print(quote(engine.run_command(spec)))
         return 0
     require(engine)
-    if platform == "rocm" and engine.name in IMAGE_ENGINES:
-        check_rocm_host()
-    if engine.name in IMAGE_ENGINES and engine.image_info(image) is None:
-        raise ToolError(f"image {image} not found in {engine.name}: build it first with "
-                        f"`toolbox build{' --stack ' + args.stack if args.stack else ''}`")
+    if images is not None:
+        if platform == "rocm":
+            check_rocm_host()
+        if images.image_info(image) is None:
+            raise ToolError(f"image {image} not found in {engine.name}: build it first with "
+                            f"`toolbox build{' --stack ' + args.stack if args.stack else ''}`")
     return engine.run(spec)

@@ -1,4 +1,4 @@
-"""distrobox: long-lived containers on podman or Docker; engine flags via --additional-flags."""
+"""distrobox: long-lived containers on (rootless) podman or Docker; engine flags via --additional-flags."""
 
 from __future__ import annotations
 
@@ -6,26 +6,13 @@ import os
 import shlex
 import subprocess
 
-from toolbox.engines import Engine, RunSpec, which
+from toolbox.engines import which
+from toolbox.engines.base import ContainerEngine
+from toolbox.engines.spec import RunSpec
 from toolbox.errors import ToolError, UserError
 
 
-def engine_flags(spec: RunSpec) -> list[str]:
-    flags: list[str] = []
-    for dev in spec.devices:
-        flags += ["--device", dev]
-    if spec.gpus:
-        flags += ["--device", f"nvidia.com/gpu={spec.gpus}"]
-    for grp in spec.groups:
-        flags += ["--group-add", grp]
-    for opt in spec.security_opts:
-        flags += ["--security-opt", opt]
-    for name, val in sorted(spec.ulimits.items()):
-        flags += ["--ulimit", f"{name}={val}"]
-    return flags
-
-
-class DistroboxEngine(Engine):
+class DistroboxEngine(ContainerEngine):
     name = "distrobox"
 
     def available(self) -> bool:
@@ -34,7 +21,7 @@ class DistroboxEngine(Engine):
     def missing_hint(self) -> str:
         return "`distrobox` is not on PATH (`apt-get install distrobox`, `dnf install distrobox`)"
 
-    def _refuse_root(self) -> None:
+    def check_user(self) -> None:
         if os.geteuid() == 0:
             raise UserError(
                 "distrobox refuses to run as root (it drives rootless podman); run `toolbox create/run "
@@ -43,7 +30,7 @@ class DistroboxEngine(Engine):
 
     def create_commands(self, name: str, image: str, spec: RunSpec) -> list[list[str]]:
         argv = ["distrobox", "create", "--yes", "--name", name, "--image", image]
-        flags = engine_flags(spec)
+        flags = spec.device_flags("podman")
         if flags:
             # distrobox splices this string into its podman/docker create command
             argv += ["--additional-flags", shlex.join(flags)]
@@ -55,5 +42,5 @@ class DistroboxEngine(Engine):
         return ["distrobox", "enter", "--name", spec.name, "--", *spec.command]
 
     def run(self, spec: RunSpec) -> int:
-        self._refuse_root()
+        self.check_user()
         return subprocess.call(self.run_command(spec))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets as _secrets
 import subprocess
 import sys
@@ -13,8 +14,9 @@ import tempfile
 from collections import deque
 from pathlib import Path
 
-from toolbox.engines import BuildResult, BuildSpec, Engine, LineSink, RunSpec, build_failure, which
-from toolbox.errors import ToolError, UserError
+from toolbox.engines.base import ImageEngine, LineSink, build_failure, iid_tempdir, stream_build
+from toolbox.engines.spec import BuildResult, BuildSpec, RunSpec
+from toolbox.errors import ToolError
 
 _SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
 
@@ -30,7 +32,46 @@ def _default_url() -> str | None:
     return None
 
 
-class DockerEngine(Engine):
+def _cli_version(cli: str) -> tuple[int, ...] | None:
+    try:
+        out = subprocess.run([cli, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"version (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def find_buildkit_cli() -> tuple[str | None, str]:
+    """(a docker CLI that can run a BuildKit build, "") or (None, why none can).
+
+    CLIs before 23.0 carry a BuildKit client (DOCKER_BUILDKIT=1); from 23.0 `docker build`
+    is buildx, a separate plugin. TOOLBOX_DOCKER_CLI names one; else every `docker` on PATH."""
+    explicit = os.environ.get("TOOLBOX_DOCKER_CLI")
+    if explicit:
+        candidates = [explicit]
+    else:
+        candidates, seen = [], set()
+        for d in os.environ.get("PATH", "").split(os.pathsep):
+            path = os.path.join(d or ".", "docker")
+            if os.path.isfile(path) and os.access(path, os.X_OK) and os.path.realpath(path) not in seen:
+                seen.add(os.path.realpath(path))
+                candidates.append(path)
+    reasons = []
+    for cli in candidates:
+        try:
+            if subprocess.run([cli, "buildx", "version"], capture_output=True, timeout=30).returncode == 0:
+                return cli, ""
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            reasons.append(f"{cli}: {exc}")
+            continue
+        version = _cli_version(cli)
+        if version is not None and version < (23, 0):
+            return cli, ""
+        reasons.append(f"{cli} ({'.'.join(map(str, version)) if version else 'version unknown'}) has no buildx plugin")
+    return None, "; ".join(reasons) or "no `docker` CLI on PATH"
+
+
+class DockerEngine(ImageEngine):
     name = "docker"
 
     def __init__(self, base_url: str | None = None):
@@ -77,15 +118,16 @@ class DockerEngine(Engine):
         return any("podman" in (c.get("Name") or "").lower() for c in comps)
 
     # -- build --------------------------------------------------------------
-    def _cli_argv(self, spec: BuildSpec, iidfile: str) -> list[str]:
-        return ["docker", "build", *spec.cli_args(iidfile)]
+    def _cli_argv(self, spec: BuildSpec, iidfile: str, cli: str = "docker") -> list[str]:
+        return [cli, "build", *spec.cli_args(iidfile)]
 
     def build_commands(self, spec: BuildSpec) -> list[list[str]]:
         # The SDK makes API calls; these are the equivalent docker CLI commands.
+        cli = find_buildkit_cli()[0] or "docker"
         return [
             ["env", f"DOCKER_HOST={self.base_url or 'unix:///var/run/docker.sock'}", "DOCKER_BUILDKIT=1",
-             *self._cli_argv(spec, "$IIDFILE")],
-            ["docker", "tag", "$(cat $IIDFILE)", spec.tag],
+             *self._cli_argv(spec, "$IIDFILE", cli)],
+            [cli, "tag", "$(cat $IIDFILE)", spec.tag],
         ]
 
     def build(self, spec: BuildSpec, sink: LineSink) -> BuildResult:
@@ -111,7 +153,10 @@ class DockerEngine(Engine):
     def _build_api(self, spec: BuildSpec, sink: LineSink) -> tuple[str, list[str]]:
         """POST /build with podman's `secrets` parameter: the secret files ride in the
         context tar and podman moves them out of the context before the build."""
-        api = self.client().api
+        from docker.errors import APIError
+
+        from toolbox.engines.docker_api import post_build
+
         log: deque[str] = deque(maxlen=400)
         secret_opts = []
         with tempfile.TemporaryFile() as fh:
@@ -138,21 +183,10 @@ class DockerEngine(Engine):
                 params["buildargs"] = json.dumps(spec.build_args)
             if secret_opts:
                 params["secrets"] = json.dumps(secret_opts)
-            from docker.errors import APIError
-
             iid = ""
+            error = None
             try:
-                resp = api._post(
-                    api._url("/build"),
-                    data=fh,
-                    params=params,
-                    headers={"Content-Type": "application/x-tar"},
-                    stream=True,
-                    timeout=None,
-                )
-                api._raise_for_status(resp)
-                error = None
-                for chunk in api._stream_helper(resp, decode=True):
+                for chunk in post_build(self.client().api, fh, params):
                     if "stream" in chunk:
                         for line in chunk["stream"].splitlines():
                             log.append(line)
@@ -172,33 +206,21 @@ class DockerEngine(Engine):
 
     def _build_buildkit_cli(self, spec: BuildSpec, sink: LineSink) -> tuple[str, list[str]]:
         # Docker's /build endpoint without a BuildKit session knows no RUN --mount, so
-        # against a real Docker daemon the BuildKit client (docker CLI) does the build.
-        if not which("docker"):
+        # against a real Docker daemon the BuildKit client (a docker CLI) does the build.
+        cli, why_not = find_buildkit_cli()
+        if cli is None:
             raise ToolError(
                 "the stack's Dockerfile needs BuildKit (RUN --mount), which the Docker API's /build "
-                "endpoint cannot drive without the docker CLI: install docker-buildx/the docker CLI, "
-                "or use --engine podman"
+                f"endpoint cannot drive without a BuildKit-capable docker CLI: {why_not}. Install the "
+                "buildx plugin (`docker-buildx`/`docker-buildx-plugin`), point TOOLBOX_DOCKER_CLI at a "
+                "docker CLI older than 23 (BuildKit built in, e.g. Debian's /usr/bin/docker), or use "
+                "--engine podman"
             )
-        log: deque[str] = deque(maxlen=400)
-        with tempfile.TemporaryDirectory(prefix="toolbox-iid-") as tmp:
+        with iid_tempdir() as tmp:
             iidfile = os.path.join(tmp, "iid")
             env = dict(os.environ, DOCKER_HOST=self.base_url or "", DOCKER_BUILDKIT="1")
-            proc = subprocess.Popen(
-                self._cli_argv(spec, iidfile) + ["--progress=plain"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-            )
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.append(line.rstrip("\n"))
-                sink(line.rstrip("\n"))
-            rc = proc.wait()
-            iid = Path(iidfile).read_text().strip() if os.path.exists(iidfile) else ""
-            if rc or not iid:
-                raise build_failure("docker", list(log), f"`docker build` exited {rc}")
-        return iid, list(log)
+            return stream_build("docker", self._cli_argv(spec, iidfile, cli) + ["--progress=plain"],
+                                iidfile, sink, env=env)
 
     def image_info(self, ref: str) -> dict | None:
         from docker.errors import ImageNotFound
@@ -218,39 +240,7 @@ class DockerEngine(Engine):
     # -- run ----------------------------------------------------------------
     def run_command(self, spec: RunSpec) -> list[str]:
         """The docker CLI command equivalent to the API calls `run` makes."""
-        argv = ["docker", "run"]
-        if spec.remove:
-            argv.append("--rm")
-        argv.append("-it" if spec.tty else "-i")
-        if spec.name:
-            argv += ["--name", spec.name]
-        if spec.ipc_host:
-            argv.append("--ipc=host")
-        if spec.network:
-            argv.append(f"--network={spec.network}")
-        for opt in spec.security_opts:
-            argv += ["--security-opt", opt]
-        for dev in spec.devices:
-            argv += ["--device", dev]
-        if spec.gpus:
-            argv += ["--gpus", spec.gpus]
-        for grp in spec.groups:
-            argv += ["--group-add", grp]
-        for name, val in sorted(spec.ulimits.items()):
-            argv += ["--ulimit", f"{name}={val}"]
-        if spec.user:
-            argv += ["--user", spec.user]
-        for m in spec.mounts:
-            argv += ["-v", m.spec()]
-        for k, v in sorted(spec.env.items()):
-            argv += ["-e", f"{k}={v}"]
-        for n in spec.env_names:
-            argv += ["-e", n]
-        if spec.workdir:
-            argv += ["-w", spec.workdir]
-        argv.append(spec.image)
-        argv += spec.command
-        return argv
+        return spec.run_argv(["docker", "run"], "docker")
 
     def run(self, spec: RunSpec) -> int:
         import docker

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
-from collections import deque
-from pathlib import Path
 
-from toolbox.engines import BuildResult, BuildSpec, Engine, LineSink, RunSpec, build_failure, which
+from toolbox.engines import which
+from toolbox.engines.base import ImageEngine, LineSink, iid_tempdir, stream_build
+from toolbox.engines.spec import BuildResult, BuildSpec, RunSpec
 from toolbox.errors import ToolError
 
 
-class PodmanEngine(Engine):
+class PodmanEngine(ImageEngine):
     name = "podman"
 
     def __init__(self, binary: str | None = None):
@@ -37,25 +36,10 @@ class PodmanEngine(Engine):
         return [self._build_argv(spec, iid), [self.binary, "tag", "$(cat $IIDFILE)", spec.tag]]
 
     def build(self, spec: BuildSpec, sink: LineSink) -> BuildResult:
-        with tempfile.TemporaryDirectory(prefix="toolbox-iid-") as tmp:
+        with iid_tempdir() as tmp:
             iidfile = os.path.join(tmp, "iid")
-            argv = self._build_argv(spec, iidfile)
-            log: deque[str] = deque(maxlen=400)
-            try:
-                proc = subprocess.Popen(
-                    argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-                )
-            except OSError as exc:
-                raise ToolError(f"cannot start {self.binary}: {exc}. {self.missing_hint()}") from exc
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                log.append(line)
-                sink(line)
-            rc = proc.wait()
-            iid = Path(iidfile).read_text().strip() if os.path.exists(iidfile) else ""
-            if rc != 0 or not iid:
-                raise build_failure("podman", list(log), f"`podman build` exited {rc}")
+            iid, log = stream_build("podman", self._build_argv(spec, iidfile), iidfile, sink,
+                                    hint=self.missing_hint())
         self._cli("tag", iid, spec.tag)
         info = self.image_info(spec.tag) or {}
         return BuildResult(
@@ -63,7 +47,7 @@ class PodmanEngine(Engine):
             tag=spec.tag,
             size=int(info.get("size", 0)),
             labels=info.get("labels", {}),
-            log=list(log),
+            log=log,
         )
 
     def _cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -91,42 +75,7 @@ class PodmanEngine(Engine):
 
     # -- run ----------------------------------------------------------------
     def run_command(self, spec: RunSpec) -> list[str]:
-        argv = [self.binary, "run"]
-        if spec.remove:
-            argv.append("--rm")
-        argv.append("-it" if spec.tty else "-i")
-        if spec.name:
-            argv += ["--name", spec.name]
-        if spec.ipc_host:
-            argv.append("--ipc=host")
-        if spec.network:
-            argv.append(f"--network={spec.network}")
-        for opt in spec.security_opts:
-            argv += ["--security-opt", opt]
-        for dev in spec.devices:
-            argv += ["--device", dev]
-        if spec.gpus:
-            # CDI, as nvidia-ctk generates it for podman
-            argv += ["--device", f"nvidia.com/gpu={spec.gpus}"]
-        for grp in spec.groups:
-            argv += ["--group-add", grp]
-        for name, val in sorted(spec.ulimits.items()):
-            argv += ["--ulimit", f"{name}={val}"]
-        if spec.keep_id:
-            argv.append("--userns=keep-id")
-        if spec.user:
-            argv += ["--user", spec.user]
-        for m in spec.mounts:
-            argv += ["-v", m.spec()]
-        for k, v in sorted(spec.env.items()):
-            argv += ["-e", f"{k}={v}"]
-        for n in spec.env_names:
-            argv += ["-e", n]  # by name: podman reads the value from its own environment
-        if spec.workdir:
-            argv += ["-w", spec.workdir]
-        argv.append(spec.image)
-        argv += spec.command
-        return argv
+        return spec.run_argv([self.binary, "run"], "podman")
 
     def run(self, spec: RunSpec) -> int:
         argv = self.run_command(spec)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from toolbox.engines import Engine, RunSpec
+from toolbox.engines.base import ContainerEngine
+from toolbox.engines.spec import RunSpec
 from toolbox.errors import ToolError
 
 
@@ -31,7 +32,7 @@ def find_toolbx() -> str | None:
     return None
 
 
-class ToolbxEngine(Engine):
+class ToolbxEngine(ContainerEngine):
     name = "toolbx"
 
     def __init__(self):

@@ -1,4 +1,5 @@
-"""What a stack needs from a container engine to run: devices, groups, mounts, env, user.
+"""Run options: what a stack needs from a container engine to run (devices, groups, mounts,
+env, user) and the image tag of a stack. (Not the Dockerfile's runtime stage: dockerfiles/runtime/.)
 
 Shared by `toolbox run`, `toolbox create` and `toolbox doctor`; the engines in
 toolbox/engines/ only turn the resulting RunSpec into commands.
