@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # Rendered by `toolbox render` from stack "cuda" (lock 28408d2ebd8f).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
@@ -10,20 +9,26 @@ COPY scripts/ /opt/toolbox/scripts/
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/os-install.sh debian \
       bash \
+      bc \
       ca-certificates \
       curl \
+      diffutils \
       findutils \
       gzip \
       hostname \
       iproute2 \
       less \
+      lsof \
       passwd \
+      pinentry-curses \
       procps \
       python3 \
       python3-venv \
       sudo \
       tar \
+      time \
       util-linux \
+      wget \
       xz-utils
 RUN python3 -m venv /opt/venv
 ENV VIRTUAL_ENV=/opt/venv \
@@ -71,13 +76,15 @@ RUN --mount=type=secret,id=ca \
       torch==2.13.0 \
       torchvision==0.28.0
 
-# the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold
+# the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
+# then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install --no-deps /opt/toolbox/entrypoints \
- && /opt/toolbox/scripts/pip.sh check
+ && /opt/toolbox/scripts/pip.sh check \
+ && /opt/toolbox/scripts/link-venv.sh
 COPY stack.lock.yaml /opt/toolbox/stack.lock.yaml
 
 LABEL \

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # Rendered by `toolbox render` from stack "gfx1151" (lock 85e8acdca497).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
@@ -10,22 +9,28 @@ COPY scripts/ /opt/toolbox/scripts/
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/os-install.sh fedora \
       bash \
+      bc \
       ca-certificates \
       curl \
+      diffutils \
       findutils \
       gzip \
       hostname \
       iproute \
       less \
       libatomic \
+      lsof \
       numactl-libs \
       passwd \
+      pinentry \
       procps-ng \
       python3.12 \
       shadow-utils \
       sudo \
       tar \
+      time \
       util-linux \
+      wget \
       which \
       xz
 RUN python3.12 -m venv /opt/venv
@@ -202,13 +207,15 @@ RUN --mount=type=secret,id=ca \
       torchvision==0.26.0+rocm7.13.0 \
       torchaudio==2.11.0+rocm7.13.0
 
-# the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold
+# the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
+# then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install --no-deps /opt/toolbox/entrypoints \
- && /opt/toolbox/scripts/pip.sh check
+ && /opt/toolbox/scripts/pip.sh check \
+ && /opt/toolbox/scripts/link-venv.sh
 COPY stack.lock.yaml /opt/toolbox/stack.lock.yaml
 
 LABEL \

@@ -5,11 +5,14 @@ from toolbox.components import PROJECT_ROOT, Component, ContextFile
 SCRIPTS = PROJECT_ROOT / "dockerfiles" / "scripts"
 
 # What toolbx and distrobox expect inside an image (they add the user and sudo rule at create).
+# The commands distrobox-init (1.4.2.1) checks before its first `enter` are here too (diff,
+# pinentry, wget, bc, time, lsof): without them that enter apt/dnf-installs them, offline it fails.
 TOOLBX_PACKAGES = {
-    "fedora": ["bash", "findutils", "hostname", "iproute", "less", "passwd", "procps-ng",
-               "shadow-utils", "sudo", "tar", "util-linux", "which"],
-    "debian": ["bash", "findutils", "hostname", "iproute2", "less", "passwd", "procps",
-               "sudo", "tar", "util-linux"],
+    "fedora": ["bash", "bc", "diffutils", "findutils", "hostname", "iproute", "less", "lsof",
+               "passwd", "pinentry", "procps-ng", "shadow-utils", "sudo", "tar", "time",
+               "util-linux", "wget", "which"],
+    "debian": ["bash", "bc", "diffutils", "findutils", "hostname", "iproute2", "less", "lsof",
+               "passwd", "pinentry-curses", "procps", "sudo", "tar", "time", "util-linux", "wget"],
 }
 # What the steps and the runtime need besides toolbx's list.
 RUNTIME_PACKAGES = {
