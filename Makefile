@@ -1,20 +1,38 @@
-# Set-up + main job: `make image` (STACK=gfx1151|cpu|cuda). Tests: `make test`.
+# The two commands, each doing its own set-up first (a project venv in .venv, reused while current):
+#   make image   build the default (gfx1151) image; STACK=cpu|cuda for others, ENGINE=podman|docker
+#   make test    the test suite, what CI runs (installs .ci/apt-packages.txt as root, else says how)
 PYTHON ?= python3
+VENV ?= .venv
 STACK ?= gfx1151
 ENGINE ?=
 PYTEST_ARGS ?=
+BUILD_ARGS ?=
+export PYTHON VENV ENGINE
 
-.PHONY: image test golden lint
+PY := $(VENV)/bin/python
+
+.PHONY: image test golden lint venv venv-test
 
 image:
-	$(PYTHON) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE))
+	@bash .ci/setup engine
+	@bash .ci/setup venv
+	$(PY) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE)) $(BUILD_ARGS)
 
 test:
-	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+	@bash .ci/setup apt
+	@bash .ci/setup venv train,test
+	@# pytest's exit 5 = it collected no tests: a failure here, said so (make itself exits 2).
+	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+
+venv:
+	@bash .ci/setup venv
+
+venv-test:
+	@bash .ci/setup venv train,test
 
 # Re-render the golden Dockerfiles in tests/golden/ after an intended change.
-golden:
-	TOOLBOX_UPDATE_GOLDEN=1 $(PYTHON) -m pytest -q tests/test_golden.py
+golden: venv-test
+	TOOLBOX_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_golden.py
 
-lint:
-	$(PYTHON) -m toolbox lint
+lint: venv-test
+	$(PY) -m toolbox lint
