@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 image:
 	@bash .ci/setup engine
 	@bash .ci/setup venv
-	$(PY) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE)) $(BUILD_ARGS)
+	$(PY) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE)) $$(bash .ci/setup build-args) $(BUILD_ARGS)
 
 test:
 	@bash .ci/setup apt
