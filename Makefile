@@ -16,7 +16,8 @@ PY := $(VENV)/bin/python
 image:
 	@bash .ci/setup engine
 	@bash .ci/setup venv
-	$(PY) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE)) $$(bash .ci/setup build-args) $(BUILD_ARGS)
+	@cmd="$(PY) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE))$$(bash .ci/setup build-args) $(BUILD_ARGS)"; \
+	  echo "$$cmd"; eval "$$cmd"
 
 test:
 	@bash .ci/setup apt
