@@ -19,7 +19,11 @@ from typing import Any
 
 import yaml
 
+from . import finetune
 from .errors import ToolError, UserError
+from .files import atomic_write
+from .plan import LAUNCH_DIR, plan
+from .sync import ENV as SYNC_ENV, parse_sync
 
 HERE = Path(__file__).resolve().parent
 RDMA_ENV = {  # RoCE defaults that held up on Strix Halo clusters; any already set win
@@ -35,15 +39,6 @@ def shipped_config(name: str) -> Path:
         if (d / name).is_file():
             return d / name
     raise ToolError(f"shipped accelerate config {name} not found next to {HERE}")
-
-
-def parse_sync(value: str) -> str:
-    if value == "every-step":
-        return value
-    k = value.split(":", 1)[1] if value.startswith("local-sgd:") else ""
-    if not k.isdigit() or int(k) < 1:
-        raise UserError(f"--sync {value!r}: expected every-step or local-sgd:K with K >= 1")
-    return f"local-sgd:{int(k)}"
 
 
 def interface_for(addr: str) -> str:
@@ -111,8 +106,6 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     cmd = argv[i + 1:]
     if not cmd or Path(cmd[0]).name != "finetune":
         raise UserError(f"after --: expected `finetune ...`, got {shlex.join(cmd) or 'nothing'}")
-    from . import finetune
-
     ft = finetune.build_parser().parse_args(cmd[1:])
     for name, v in (("--nnodes", args.nnodes), ("--max-restarts", args.max_restarts + 1)):
         if v < 1:
@@ -135,8 +128,8 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     world = nproc * args.nnodes
 
     # Everything the ranks would refuse, refused here first: before any process starts.
-    p = finetune.plan(ft.config, ft.set, resume=ft.resume, overwrite=ft.overwrite, world_size=world,
-                      fsdp=args.strategy == "fsdp", gpu=not cpu, import_backend=False)
+    p = plan(ft.config, ft.set, resume=ft.resume, overwrite=ft.overwrite, world_size=world,
+             fsdp=args.strategy == "fsdp", gpu=not cpu, import_backend=False, sync_mode=sync)
     if args.strategy == "fsdp" and cpu and not args.dry_run:
         raise UserError("--strategy fsdp needs GPUs (accelerate refuses FSDP on CPU); use --strategy ddp --cpu")
     if sync != "every-step" and args.strategy == "fsdp":
@@ -155,7 +148,7 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     if p.precision in ("bf16", "fp16"):
         acc["mixed_precision"] = p.precision
 
-    env: dict[str, str] = {"TOOLBOX_SYNC": sync}
+    env: dict[str, str] = {SYNC_ENV: sync}
     if cpu:
         env.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
     ifname = args.ifname or (interface_for(args.master_addr) if (multinode or args.master_addr) else None)
@@ -164,23 +157,16 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     if multinode or args.master_addr:
         env.update({"NCCL_IB_DISABLE": "1"} if args.transport == "ethernet" else RDMA_ENV)
     for k in list(env):
-        if k in os.environ and k not in ("TOOLBOX_SYNC", "CUDA_VISIBLE_DEVICES"):
+        if k in os.environ and k not in (SYNC_ENV, "CUDA_VISIBLE_DEVICES"):
             env[k] = os.environ[k]  # the user's explicit setting wins
 
-    launch_dir = p.out / finetune.LAUNCH_DIR
+    launch_dir = p.out / LAUNCH_DIR
     # One file per node: nodes sharing an output folder (NFS) must not read each other's machine_rank.
     acc_path = launch_dir / f"accelerate.node{args.node_rank}.yaml"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc_path),
                "--max_restarts", str(args.max_restarts), "-m", "toolbox_train.finetune", *cmd[1:]]
     return {"args": args, "plan": p, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,
             "env": env, "command": command, "world": world, "nproc": nproc, "cpu": cpu}
-
-
-def _atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,15 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",
         "world_size": r["world"], "nproc_per_node": r["nproc"], "nnodes": a.nnodes, "node_rank": a.node_rank,
         "master": f"{r['accelerate']['main_process_ip']}:{r['accelerate']['main_process_port']}",
-        "rendezvous": r["accelerate"]["rdzv_backend"], "transport": a.transport, "sync": r["env"]["TOOLBOX_SYNC"],
+        "rendezvous": r["accelerate"]["rdzv_backend"], "transport": a.transport, "sync": r["env"][SYNC_ENV],
         "max_restarts": a.max_restarts, "backend": p.backend, "method": p.cfg.method,
         "gradient_accumulation_steps": p.grad_accum, "accelerate_config": str(r["acc_path"]),
         "env": r["env"], "command": shlex.join(r["command"]),
     }
     if a.strategy == "fsdp":
         settings["fsdp_wrap"] = r["accelerate"]["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
-    _atomic(r["acc_path"], yaml.safe_dump(r["accelerate"], sort_keys=False))
-    _atomic(r["launch_dir"] / f"settings.node{a.node_rank}.json", json.dumps(settings, indent=2) + "\n")
+    atomic_write(r["acc_path"], yaml.safe_dump(r["accelerate"], sort_keys=False))
+    atomic_write(r["launch_dir"] / f"settings.node{a.node_rank}.json", json.dumps(settings, indent=2) + "\n")
     print("launch: resolved settings", file=sys.stderr)
     for k, v in settings.items():
         print(f"  {k}: {v}", file=sys.stderr)

@@ -24,9 +24,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from .files import atomic_write
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # nccl-tests' PERFORMANCE.md: busbw = algbw * factor, which makes the numbers comparable to
@@ -202,7 +203,7 @@ def run_rank(args) -> int:
                   "torch": torch.__version__, "nccl": _nccl_version(torch) if backend == "nccl" else None}
         print(format_table(header, results), flush=True)
         if args.json:
-            _atomic_write(Path(args.json), json.dumps({"header": header, "results": results}, indent=2) + "\n")
+            atomic_write(Path(args.json), json.dumps({"header": header, "results": results}, indent=2) + "\n")
     return 0 if all(r["ok"] for r in results) else 1
 
 
@@ -237,20 +238,6 @@ def format_table(header: dict, results: list[dict]) -> str:
                  f"rccl-check: all {len(results)} results correct")
     return "\n".join(lines)
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-# ---------------------------------------------------------------- launcher (no torchrun)
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -134,16 +134,16 @@ def test_steps_from_finetune_metrics_use_running_token_total(tmp_path):
              {"step": 2, "loss": 2.5, "tokens": 300, "tokens_per_s": 400.0, "peak_mem_gib": 1.5},
              {"step": 3, "loss": 2.0, "tokens": 500, "tokens_per_s": 100.0, "peak_mem_gib": 1.2}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    times, tokens, losses, peak = bench._steps_from_metrics(tmp_path)
+    times, tokens, losses, peak = bench.steps_from_metrics(tmp_path)
     assert tokens == [100, 200, 200]
     assert times == pytest.approx([2.0, 0.5, 2.0])
     assert losses == [3.0, 2.5, 2.0] and peak == 1.5
-    res = bench._result_from_steps({"warmup": 1}, times, tokens, losses, peak)
+    res = bench.result_from_steps({"warmup": 1}, times, tokens, losses, peak)
     assert res["steps_timed"] == 2
     assert res["tokens_per_s"] == pytest.approx((400 + 100) / 2)  # mean over timed steps only
     assert res["loss_first"] == 3.0 and res["loss_last"] == 2.0
     with pytest.raises(RuntimeError, match="nothing timed"):
-        bench._result_from_steps({"warmup": 3}, times, tokens, losses, peak)
+        bench.result_from_steps({"warmup": 3}, times, tokens, losses, peak)
 
 
 def test_bare_loop_reads_the_same_tokens_as_the_dataset(tmp_path):

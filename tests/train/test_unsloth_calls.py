@@ -14,7 +14,7 @@ import types
 import pytest
 
 from helpers.tiny import train_config, write_dataset
-from toolbox_train import finetune
+from toolbox_train import finetune, models
 
 FROM_PRETRAINED = {"model_name", "max_seq_length", "dtype", "load_in_4bit", "load_in_8bit", "load_in_16bit",
                    "full_finetuning", "token", "device_map", "rope_scaling", "fix_tokenizer", "trust_remote_code",
@@ -72,7 +72,7 @@ def _plan(tmp_path, model, method):
                                          ("gemma3", "FastModel"), ("gemma3-mm", "FastModel")])
 def test_lora_calls(tmp_path, tiny_models, fake_unsloth, arch, loader):
     p = _plan(tmp_path, tiny_models(arch), "lora")
-    model, tok, peft_cfg = finetune.load_unsloth(p, finetune.Dist(world_size=2, rank=1, local_rank=1))
+    model, tok, peft_cfg = models.load_unsloth(p, finetune.Dist(world_size=2, rank=1, local_rank=1))
     assert peft_cfg is None and tok is not None
     (n1, f1, kw1), (n2, f2, kw2) = fake_unsloth
     assert (n1, f1, n2, f2) == (loader, "from_pretrained", loader, "get_peft_model")
@@ -90,7 +90,7 @@ def test_lora_calls(tmp_path, tiny_models, fake_unsloth, arch, loader):
 def test_full_and_qlora_calls(tmp_path, tiny_model, fake_unsloth, method, four, eight, full):
     p = _plan(tmp_path, tiny_model, "full")
     p.cfg.method = method
-    finetune.load_unsloth(p, finetune.Dist())
+    models.load_unsloth(p, finetune.Dist())
     kw = fake_unsloth[0][2]
     assert (kw["load_in_4bit"], kw["load_in_8bit"], kw["full_finetuning"]) == (four, eight, full)
     assert kw["device_map"] == "sequential"

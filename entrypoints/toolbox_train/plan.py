@@ -1,0 +1,215 @@
+"""The checks of a fine-tuning run, and the Plan they resolve.
+
+Everything that can be wrong with the input is found here, before a model is loaded or a file
+is written (UserError: exit 2). `launch` runs the same checks for the world size it will start,
+so this module imports nothing heavy at import time: no trainer, no TRL, no torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import checkpoints
+from .config import TrainConfig, load_config
+from .data import looks_like_hub_id, resolve_local
+from .errors import UserError
+from .sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
+
+# Files `launch` writes into the output folder before finetune starts.
+LAUNCH_DIR = "launch"
+
+
+def log(msg: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"finetune: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Dist:
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> "Dist":
+        return cls(int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")),
+                   int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def using_fsdp() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+
+
+@dataclass
+class Plan:
+    """What the checks resolved: everything needed to train, nothing heavy loaded."""
+
+    cfg: TrainConfig
+    base: Path
+    out: Path
+    model_path: str
+    model_config: Any
+    backend: str
+    multimodal: bool
+    grad_accum: int
+    world_size: int
+    gpu: bool
+    precision: str
+    liger: bool
+    resume_from: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    sync: str = SYNC_DEFAULT  # every-step or local-sgd:K (see sync.py)
+
+
+def resolve_model(cfg: TrainConfig, base: Path) -> str:
+    local = resolve_local(cfg.model.path, base)
+    if local is not None:
+        if not (local / "config.json").is_file():
+            raise UserError(f"model.path: {local}: no config.json (not a model folder)")
+        return str(local)
+    if not looks_like_hub_id(cfg.model.path):
+        raise UserError(f"model.path: {cfg.model.path}: no such folder")
+    return cfg.model.path
+
+
+def load_model_config(path: str, cfg: TrainConfig):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, revision=cfg.model.revision,
+                                          trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as exc:
+        raise UserError(f"model.path: {path}: cannot read the model's config "
+                        f"(not a local folder, and not in the HF cache while offline?): {exc}") from None
+
+
+def text_config(mc):
+    return mc.get_text_config() if hasattr(mc, "get_text_config") else mc
+
+
+def is_multimodal(mc) -> bool:
+    return getattr(mc, "vision_config", None) is not None
+
+
+def gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool) -> str:
+    have_unsloth = importlib.util.find_spec("unsloth") is not None
+    if cfg.backend == "unsloth":
+        if fsdp:
+            raise UserError("backend: unsloth does not support FSDP; use `--strategy ddp` or backend: hf")
+        if not gpu or not have_unsloth:
+            raise UserError("backend: unsloth needs the unsloth package and a GPU "
+                            f"(unsloth installed: {have_unsloth}, GPU: {gpu}); use backend: hf or auto")
+        return "unsloth"
+    if cfg.backend == "auto":
+        return "unsloth" if (gpu and have_unsloth and not fsdp) else "hf"
+    return "hf"
+
+
+def output_problem(out: Path, resume: bool, overwrite: bool) -> str | None:
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"output.dir: {out}: exists and is not a folder"
+    entries = [p.name for p in out.iterdir() if p.name != LAUNCH_DIR]
+    if entries and not resume and not overwrite:
+        return (f"output.dir: {out}: not empty ({', '.join(sorted(entries)[:5])}); "
+                "pass --resume to continue or --overwrite to start over")
+    return None
+
+
+def batch_plan(cfg: TrainConfig, world: int) -> int:
+    t = cfg.train
+    if t.batch_size is None:
+        return t.gradient_accumulation_steps
+    per_step = world * t.per_device_batch_size
+    if t.batch_size % per_step:
+        raise UserError(f"train.batch_size: {t.batch_size} is not divisible by world size {world} x "
+                        f"train.per_device_batch_size {t.per_device_batch_size} = {per_step}")
+    return t.batch_size // per_step
+
+
+def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite: bool = False,
+         world_size: int | None = None, check_output: bool = True, fsdp: bool | None = None,
+         gpu: bool | None = None, import_backend: bool = True, sync_mode: str | None = None) -> Plan:
+    """All the cheap checks, in order; raises UserError on the first bad input.
+
+    `sync_mode`: the gradient-sync mode (launch passes its --sync); None reads TOOLBOX_SYNC.
+    """
+    cfg, base = load_config(config, overrides)
+    sync_mode = sync_from_env() if sync_mode is None else sync_mode
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    out = Path(cfg.output.dir).expanduser()
+    out = (out if out.is_absolute() else Path.cwd() / out).resolve()
+    world = world_size or Dist.from_env().world_size
+    if check_output:
+        why = output_problem(out, resume, overwrite)
+        if why:
+            raise UserError(why)
+    grad_accum = batch_plan(cfg, world)
+    fsdp = using_fsdp() if fsdp is None else fsdp
+    gpu = gpu_available() if gpu is None else gpu
+    backend = pick_backend(cfg, gpu, fsdp)
+    if cfg.method in ("qlora", "lora-8bit"):
+        if not gpu or importlib.util.find_spec("bitsandbytes") is None:
+            raise UserError(f"method: {cfg.method} needs bitsandbytes and a GPU for quantized weights "
+                            f"(GPU: {gpu}); use lora or full here")
+        if fsdp and cfg.method == "lora-8bit":
+            raise UserError("method: lora-8bit does not shard under FSDP; use qlora or lora")
+    if backend == "unsloth" and import_backend:
+        # docs/benchmarks.md: Unsloth's auto padding-free cost 9% tokens/s (LoRA, H200, full-length
+        # rows) and put finetune under the bare Unsloth loop; read when unsloth is imported.
+        os.environ.setdefault("UNSLOTH_DISABLE_AUTO_PADDING_FREE", "1")
+        import unsloth  # noqa: F401  (must come before transformers/trl/peft to patch them)
+    from transformers.trainer_utils import SchedulerType
+    from transformers.training_args import OptimizerNames
+
+    for fld, value, enum in (("train.optimizer", cfg.train.optimizer, OptimizerNames),
+                             ("train.lr_scheduler", cfg.train.lr_scheduler, SchedulerType)):
+        names = [e.value for e in enum]
+        if value not in names:
+            raise UserError(f"{fld}: {value!r} is not one of {', '.join(names)}")
+    model_path = resolve_model(cfg, base)
+    mc = load_model_config(model_path, cfg)
+    tc = text_config(mc)
+    max_pos = getattr(tc, "max_position_embeddings", None)
+    if max_pos and cfg.data.max_seq_length > max_pos:
+        raise UserError(f"data.max_seq_length: {cfg.data.max_seq_length} is above the model's maximum "
+                        f"({max_pos}, max_position_embeddings in {model_path})")
+    if cfg.train.precision == "auto":
+        import torch
+
+        precision = "bf16" if gpu and torch.cuda.is_bf16_supported() else "fp32"
+    else:
+        precision = cfg.train.precision
+    if precision in ("bf16", "fp16") and not gpu:
+        raise UserError(f"train.precision: {precision} needs a GPU here; use fp32 or auto on CPU")
+    liger = cfg.train.liger
+    if liger == "auto":
+        # The benchmark: Liger cut peak memory 2.3x and raised tokens/s on the HF path (GPU only).
+        liger = backend == "hf" and gpu and importlib.util.find_spec("liger_kernel") is not None
+    elif liger:
+        if backend != "hf":
+            raise UserError("train.liger: only on backend hf (Unsloth has its own kernels)")
+        if not gpu or importlib.util.find_spec("liger_kernel") is None:
+            raise UserError("train.liger: true needs the liger-kernel package and a GPU")
+    if cfg.output.tensorboard and not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
+        raise UserError("output.tensorboard: true needs the tensorboard package (pip install tensorboard)")
+    p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
+             precision, bool(liger), sync=sync_mode)
+    if resume:
+        p.resume_from = checkpoints.newest_complete(out / "checkpoints")
+        if p.resume_from is None:
+            p.notes.append("--resume: no complete checkpoint found, starting from the beginning")
+    return p

@@ -1,0 +1,61 @@
+"""The mapping of a TrainConfig (and what the checks resolved) onto TRL's SFTConfig."""
+
+from __future__ import annotations
+
+import os
+
+from .plan import Dist, Plan, using_fsdp
+
+
+def sft_args(p: Plan, dist: Dist):
+    from trl import SFTConfig
+
+    c, t, o = p.cfg, p.cfg.train, p.cfg.output
+    gc = t.gradient_checkpointing
+    # Unsloth sets up its own (offloaded) checkpointing; under FSDP the accelerate config's
+    # fsdp_activation_checkpointing does it (transformers refuses both at once).
+    hf_gc = bool(gc) and p.backend == "hf" and not using_fsdp()
+    has_eval = bool(c.data.eval_path or c.data.eval_split > 0)
+    if o.tensorboard:
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(p.out / "tensorboard"))
+    return SFTConfig(
+        output_dir=str(p.out / "checkpoints"),
+        per_device_train_batch_size=t.per_device_batch_size,
+        per_device_eval_batch_size=t.per_device_batch_size,
+        gradient_accumulation_steps=p.grad_accum,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=t.warmup_ratio if t.warmup_ratio > 0 else t.warmup_steps,
+        weight_decay=t.weight_decay,
+        optim=t.optimizer,
+        max_grad_norm=t.max_grad_norm,
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps,
+        seed=t.seed,
+        data_seed=t.seed,
+        bf16=p.precision == "bf16",
+        fp16=p.precision == "fp16",
+        use_cpu=not p.gpu,
+        logging_steps=o.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps" if o.save_steps else "no",
+        save_steps=o.save_steps or 500,
+        save_total_limit=None,  # rotation is ours, after the rename
+        eval_strategy="steps" if has_eval and o.eval_steps else ("epoch" if has_eval else "no"),
+        eval_steps=o.eval_steps,
+        report_to=["tensorboard"] if o.tensorboard else "none",
+        disable_tqdm=not o.progress_bar or dist.rank != 0,
+        gradient_checkpointing=hf_gc,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if hf_gc else None,
+        max_length=c.data.max_seq_length,
+        packing=c.data.packing,
+        shuffle_dataset=c.data.shuffle,
+        dataset_text_field="text",
+        ddp_find_unused_parameters=False,
+        use_liger_kernel=p.liger,
+        include_num_input_tokens_seen="non_padding",
+        dataloader_num_workers=0,
+        save_only_model=False,
+        save_on_each_node=dist.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", dist.world_size)),
+        restore_callback_states_from_checkpoint=False,
+    )

@@ -1,0 +1,231 @@
+"""The Trainer: TRL's SFTTrainer with atomic checkpoints, LocalSGD, a metrics callback and the
+test hooks. Imported only once the checks have passed (TRL and torch are heavy; Unsloth, when
+used, must be imported before them, which `plan` does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+from trl import SFTTrainer
+
+from . import checkpoints
+from .plan import Plan, log
+from .sync import local_sgd_steps
+
+
+def peak_mem_gib() -> float:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class Metrics(TrainerCallback):
+    """One JSON line per logged optimizer step (rank 0) into metrics.jsonl, plus what the summary needs."""
+
+    def __init__(self, path: Path, summary: dict):
+        self.path, self.summary = path, summary
+        # Test hook: an interruption after step k (the checkpoint of step k is still written).
+        self.stop_after = int(os.environ.get("TOOLBOX_STOP_AFTER_STEP", "0") or 0)
+        self.t0 = self.t_last = None
+        self.tok_last = 0
+        self.tok0 = None
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.t0 = self.t_last = time.perf_counter()
+        self.tok_last = self.tok0 = state.num_input_tokens_seen
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not state.is_world_process_zero or not logs or "loss" not in logs:
+            return
+        now = time.perf_counter()
+        tokens = int(state.num_input_tokens_seen)
+        row = {
+            "step": state.global_step,
+            "loss": float(logs["loss"]),
+            "lr": float(logs.get("learning_rate", 0.0)),
+            "tokens": tokens,
+            "tokens_per_s": (tokens - self.tok_last) / max(now - self.t_last, 1e-9),
+            "peak_mem_gib": round(peak_mem_gib(), 4),
+        }
+        if "grad_norm" in logs:
+            row["grad_norm"] = float(logs["grad_norm"])
+        self.t_last, self.tok_last = now, tokens
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.summary.setdefault("first_loss", row["loss"])
+        self.summary["last_loss"] = row["loss"]
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.stop_after and state.global_step >= self.stop_after:
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kw):
+        dt = time.perf_counter() - (self.t0 or time.perf_counter())
+        self.summary["steps"] = state.global_step
+        self.summary["tokens_per_s"] = (state.num_input_tokens_seen - (self.tok0 or 0)) / max(dt, 1e-9)
+
+
+class _LocalSGDStep(TrainerCallback):
+    def __init__(self, trainer: "Trainer"):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kw):
+        self.trainer.optimizer_step_done()
+
+
+def fused_head_ok(inputs) -> bool:
+    from trl.trainer import utils as trl_utils
+
+    ids = inputs.get("input_ids")
+    return getattr(trl_utils, "_ChunkedLogProbFunction", None) is not None and (ids is None or ids.is_cuda)
+
+
+class Trainer(SFTTrainer):
+    """SFTTrainer with atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
+
+    `plan`: the resolved Plan (checkpoint rotation, CPU optimizer loading, the sync mode).
+    """
+
+    _staging: str | None = None
+    _local_sgd = None
+    grad_allreduce_calls = 0
+
+    def __init__(self, *args, plan: Plan, **kw):
+        self.toolbox_plan = plan
+        self.local_sgd_every = local_sgd_steps(plan.sync)
+        super().__init__(*args, **kw)
+        self.add_callback(_LocalSGDStep(self))
+
+    def _get_output_dir(self, trial):
+        return self._staging or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        root = Path(self.args.output_dir)
+        # Per node: with several nodes each saves its own copy (save_on_each_node), into one
+        # shared folder or each into its own disk.
+        staging = root / f"{checkpoints.PARTIAL}-node{os.environ.get('GROUP_RANK', '0')}"
+        name = f"{checkpoints.PREFIX}{self.state.global_step}"
+        if self.is_local_process_zero():
+            shutil.rmtree(staging / name, ignore_errors=True)
+            staging.mkdir(parents=True, exist_ok=True)
+        self.accelerator.wait_for_everyone()
+        self._staging = str(staging)
+        try:
+            if self._local_sgd is not None:
+                self._local_sgd._sync_and_avg_model_params()  # save what every rank agrees on
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging = None
+        self.accelerator.wait_for_everyone()
+        if self.is_local_process_zero() and (staging / name).exists():
+            checkpoints.publish(staging / name, root / name)
+            try:
+                staging.rmdir()
+            except OSError:
+                pass
+            checkpoints.rotate(root, self.toolbox_plan.cfg.output.keep_checkpoints)
+        self.accelerator.wait_for_everyone()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if fused_head_ok(inputs):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # TRL's fused LM-head loss is a Triton kernel (GPU only): on CPU use the model's own loss.
+        from transformers import Trainer as HFTrainer
+
+        return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    def _count_allreduces(self, model):
+        # Test hook (TOOLBOX_COUNT_GRAD_ALLREDUCE=1): DDP's own all-reduce, counted per bucket.
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def hook(state, bucket):
+            self.grad_allreduce_calls += 1
+            return allreduce_hook(state, bucket)
+
+        model.register_comm_hook(None, hook)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if not getattr(self, "_hooked", False):
+            self._hooked = True
+            if os.environ.get("TOOLBOX_COUNT_GRAD_ALLREDUCE") == "1" and hasattr(model, "register_comm_hook"):
+                self._count_allreduces(model)
+        ksteps = self.local_sgd_every
+        if ksteps and self.accelerator.num_processes > 1:
+            if self._local_sgd is None:
+                from accelerate.local_sgd import LocalSGD
+
+                self._local_sgd = LocalSGD(self.accelerator, model, ksteps, enabled=True)
+                log(f"LocalSGD: averaging parameters every {ksteps} optimizer steps (no per-step all-reduce)")
+            # Per micro-step, so it nests inside the Trainer's own no_sync of accumulation steps
+            # (one no_sync held for the whole run is undone when an inner one exits).
+            with model.no_sync():
+                return super().training_step(model, inputs, num_items_in_batch)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if self.toolbox_plan.gpu or checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        # CPU ranks save their optimizer state tagged "cpu:0", and transformers loads it with
+        # map_location=args.device under DDP, which torch cannot restore: map to plain "cpu".
+        import torch
+
+        orig = torch.load
+
+        def load(f, *a, **kw):
+            kw["map_location"] = "cpu"
+            return orig(f, *a, **kw)
+
+        torch.load = load
+        try:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        finally:
+            torch.load = orig
+
+    def optimizer_step_done(self):
+        if self._local_sgd is not None:
+            self._local_sgd.step()
+
+    def finish_local_sgd(self):
+        if self._local_sgd is not None:
+            self._local_sgd._sync_and_avg_model_params()  # the last average, as LocalSGD's __exit__ does
+            self._local_sgd = None
+
+
+def weights_digest(model) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, prm in sorted(model.named_parameters(), key=lambda x: x[0]):
+        h.update(name.encode())
+        h.update(prm.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_final(p: Plan, trainer: Trainer, tok) -> None:
+    trainer.accelerator.wait_for_everyone()
+    if trainer.is_fsdp_enabled:
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    what = p.cfg.output.save if p.cfg.method != "full" else "merged"
+    if p.cfg.method == "full" or what in ("adapter", "both"):
+        trainer.save_model(str(p.out))  # adapter (PEFT) or the whole model, safetensors
+    if p.cfg.method != "full" and what in ("merged", "both") and trainer.is_world_process_zero():
+        dest = p.out if what == "merged" else p.out / "merged"
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if p.backend == "unsloth":
+            model.save_pretrained_merged(str(dest), tok, save_method="merged_16bit")
+        else:
+            model.merge_and_unload().save_pretrained(str(dest), safe_serialization=True)
+            tok.save_pretrained(str(dest))
+    if trainer.is_world_process_zero():
+        tok.save_pretrained(str(p.out))
+    trainer.accelerator.wait_for_everyone()
