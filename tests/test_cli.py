@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,14 +18,18 @@ from toolbox.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Runs toolbox's main() in a Python where the train extra and the training package cannot be
-# imported (as in a venv with only `pip install -e .`): a meta_path finder refuses them.
-BLOCKED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "matplotlib", "toolbox_train")
+# Runs toolbox's main() in a Python where the train extra cannot be imported (as in a venv with
+# only `pip install -e .`, which installs toolbox_train's code but not torch & co.): a meta_path
+# finder refuses them. BLOCK_TRAIN=1 refuses toolbox_train's modules too, all but the torch-free
+# safe_yaml the host reads YAML with.
+BLOCKED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "matplotlib")
+ALLOWED = ("toolbox_train", "toolbox_train.safe_yaml", "toolbox_train.errors")
 BOOT = textwrap.dedent(f"""
-    import sys
+    import os, sys
     class Block:
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in {BLOCKED!r}:
+            if name.split(".")[0] in {BLOCKED!r} or (os.environ.get("BLOCK_TRAIN") == "1"
+                    and name.startswith("toolbox_train") and name not in {ALLOWED!r}):
                 raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
     sys.meta_path.insert(0, Block())
     from toolbox.cli import main
@@ -32,23 +37,26 @@ BOOT = textwrap.dedent(f"""
 """)
 
 
-def without_train(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BOOT, *args], cwd=ROOT, capture_output=True, text=True, **kw)
+def without_train(*args: str, block_train_code: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BLOCK_TRAIN": "1" if block_train_code else "0"}
+    return subprocess.run([sys.executable, "-c", BOOT, *args], cwd=ROOT, capture_output=True, text=True, env=env)
 
 
-def test_render_and_stacks_work_without_the_train_extra(tmp_path):
+@pytest.mark.parametrize("block_train_code", [False, True])
+def test_render_and_stacks_work_without_the_train_extra(tmp_path, block_train_code):
     out = tmp_path / "Dockerfile"
-    r = without_train("render", "--stack", "cpu", "-o", str(out))
+    r = without_train("render", "--stack", "cpu", "-o", str(out), block_train_code=block_train_code)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == render_dockerfile(load_stack("cpu"))
-    r = without_train("stacks")
+    r = without_train("stacks", block_train_code=block_train_code)
     assert r.returncode == 0 and r.stdout.startswith("cpu\t"), r.stderr
-    r = without_train("--help")
+    r = without_train("--help", block_train_code=block_train_code)
     assert r.returncode == 0 and "bench" in r.stdout and "render" in r.stdout
     # the blocker really blocks: the command that needs the extra says so in one line
-    r = without_train("bench", "list")
+    out = tmp_path / "bench-out"
+    r = without_train("bench", "run", "--device", "cpu", "--out", str(out), block_train_code=block_train_code)
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip().count("\n") == 0 and "strix-toolbox[" in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "strix-toolbox[train]" in r.stderr, r.stderr
 
 
 def test_command_table_matches_what_modules_register():

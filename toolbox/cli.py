@@ -46,7 +46,7 @@ def _command_in(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def _missing(name: str, exc: ModuleNotFoundError) -> ToolError:
+def _missing(name: str, exc: ImportError) -> ToolError:
     mod = (exc.name or "").split(".")[0]
     extra = EXTRAS.get(mod)
     how = f"pip install 'strix-toolbox[{extra}]'" if extra else f"install the Python package {mod!r}"
@@ -69,12 +69,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             continue
         try:
             importlib.import_module(f"toolbox.commands.{COMMANDS[name][0]}").register(sub)
-        except ModuleNotFoundError as exc:
+        except ImportError as exc:  # ModuleNotFoundError, or a name its package could not import
             raise _missing(name, exc) from exc
     for name, (_, help_line) in sorted(COMMANDS.items()):
         if name not in sub.choices:
             sub.add_parser(name, help=help_line)  # listed in --help; its module loads when it runs
     return parser
+
+
+def _error_line(exc: BaseException, command: str | None) -> tuple[str, int]:
+    """The one line and the exit code an exception that reached main() becomes."""
+    if isinstance(exc, (UserError, ToolError)):
+        return f"toolbox: error: {exc}", exc.exit_code
+    if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in EXTRAS:
+        return f"toolbox: error: {_missing(command or '', exc)}", 1
+    return f"toolbox: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,11 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         sys.stdout.flush()
         return code
-    except (UserError, ToolError) as exc:
-        if debug:
-            traceback.print_exc()
-        print(f"toolbox: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except KeyboardInterrupt:
         print("toolbox: interrupted", file=sys.stderr)
         return 130
@@ -103,13 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         # flush at exit from failing on the closed pipe.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as exc:  # noqa: BLE001 (the CLI's last line of defence)
+    except Exception as exc:  # noqa: BLE001 (the CLI's last line of defence: one line, never a traceback)
+        line, code = _error_line(exc, command)
         if debug:
             traceback.print_exc()
-        else:
-            print(f"toolbox: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
-                  file=sys.stderr)
-        return 1
+        print(line, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

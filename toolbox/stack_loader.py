@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from pydantic import ValidationError
+from toolbox_train import safe_yaml
 
 from toolbox.errors import UserError
 
@@ -38,44 +38,22 @@ class Origin:
         return f"{src}:{line}" if line else src
 
 
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct(node: yaml.Node, src: str, path: tuple, origin: Origin) -> Any:
-    origin.lines[path] = (src, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        out: dict = {}
-        for k_node, v_node in node.value:
-            key = k_node.value
-            if key in out:
-                raise UserError(f"{src}:{k_node.start_mark.line + 1}: {'.'.join(map(str, path + (key,)))}: duplicate key")
-            origin.lines[path + (key,)] = (src, k_node.start_mark.line + 1)
-            out[key] = _construct(v_node, src, path + (key,), origin)
-            origin.lines[path + (key,)] = (src, k_node.start_mark.line + 1)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_construct(v, src, path + (i,), origin) for i, v in enumerate(node.value)]
-    loader = _Loader("")
-    return loader.construct_object(node, deep=True)
-
-
 def read_yaml(path: Path, origin: Origin) -> dict:
-    """One YAML file (no `extends:` handling) as a dict; records each field's line in origin."""
+    """One YAML file (no `extends:` handling) as a dict; records each field's line in origin.
+
+    Read by the hardened reader the training configs use too (toolbox_train.safe_yaml): sizes,
+    depth, aliases, tags, keys and bytes are bounded or refused with file:line:column.
+    """
     src = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"{src}: cannot read stack file: {exc.strerror}") from None
-    try:
-        node = yaml.compose(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"{src}{where}: malformed YAML: {getattr(exc, 'problem', exc)}") from None
-    if node is None or not isinstance(node, yaml.MappingNode):
+        doc = safe_yaml.load_file(path, what="stack file")
+    except safe_yaml.SafeYamlError as exc:
+        raise UserError(str(exc)) from None
+    if not isinstance(doc.data, dict):
         raise UserError(f"{src}:1: a stack file must be a YAML mapping")
-    return _construct(node, src, (), origin)
+    origin.lines[()] = (src, 1)
+    origin.lines.update({p: (src, line) for p, (line, _col) in doc.marks.items()})
+    return doc.data
 
 
 def field_lines(path: Path) -> dict[tuple, int]:
@@ -98,17 +76,22 @@ def _merge(base: dict, over: dict) -> dict:
 def load_raw(path: Path, origin: Origin, resolve: Callable[[str, Path], Path],
              seen: tuple[Path, ...] = ()) -> dict:
     """The file merged over what it `extends:` (resolve(ref, folder) finds the parent file)."""
-    path = Path(path).resolve()
-    if path in seen:
-        raise UserError(f"{path}: extends: cycle ({' -> '.join(str(s) for s in seen + (path,))})")
+    path = Path(path).absolute()  # named as given (not through symlinks) in messages
+    real = path.resolve()
+    if real in seen:
+        raise UserError(f"{path}: extends: cycle ({' -> '.join(str(s) for s in seen + (real,))})")
     raw = read_yaml(path, origin)
     parent = raw.pop("extends", None)
     if parent is None:
         return raw
     if not isinstance(parent, str):
         raise UserError(f"{origin.where(('extends',))}: extends: must be a stack name or a path")
+    try:
+        parent_path = resolve(parent, path.parent)
+    except UserError as exc:
+        raise UserError(f"{origin.where(('extends',))}: extends: {exc}") from None
     base_origin = Origin()
-    base = load_raw(resolve(parent, path.parent), base_origin, resolve, seen + (path,))
+    base = load_raw(parent_path, base_origin, resolve, seen + (real,))
     # The child's lines win where it sets a field; the rest point into the parent.
     merged_lines = dict(base_origin.lines)
     merged_lines.update({k: v for k, v in origin.lines.items() if k != ("extends",)})
@@ -123,9 +106,9 @@ def apply_override(raw: dict, text: str, origin: Origin) -> None:
     if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", key):
         raise UserError(f"{src}: expected key.path=value")
     try:
-        parsed = yaml.safe_load(value) if value != "" else ""
-    except yaml.YAMLError:
-        parsed = value
+        parsed = safe_yaml.load_text(value, src).data if value != "" else ""
+    except safe_yaml.SafeYamlError:
+        parsed = value  # not YAML: the text itself (validation then says if a string fits)
     # Versions stay strings: `--set hf.trl=1.10` must not become the float 1.1.
     if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
         parsed = value
@@ -148,6 +131,7 @@ def format_errors(exc: ValidationError, origin: Origin) -> str:
     msgs = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc += getattr((err.get("ctx") or {}).get("error"), "field", ())  # stack_model.FieldError
         path = ".".join(str(p) for p in loc) or "<top>"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":

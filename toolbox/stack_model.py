@@ -30,6 +30,14 @@ KNOWN_GPU_TARGETS = frozenset(
 FLOATING_WORDS = {"latest", "main", "master", "head", "nightly", "stable", "develop", "dev"}
 
 
+class FieldError(ValueError):
+    """A model-level check about one field: errors are reported at that field's line, not the top."""
+
+    def __init__(self, field: tuple, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 def _commit(value: str) -> str:
     if not isinstance(value, str) or not COMMIT_RE.match(value):
         hint = " (a branch, tag or 'latest' is not a pin; `toolbox bump` resolves one)"
@@ -283,20 +291,21 @@ class StackModel(Model):
     def _platform(self) -> "StackModel":
         if self.platform == "rocm":
             if self.rocm is None:
-                raise ValueError("platform rocm needs a `rocm:` block")
+                raise FieldError(("platform",), "platform rocm needs a `rocm:` block")
             if not self.gpu_targets:
-                raise ValueError("platform rocm needs gpu_targets (e.g. [gfx1151])")
+                raise FieldError(("platform",), "platform rocm needs gpu_targets (e.g. [gfx1151])")
             if self.rccl is not None and self.rccl.gpu_targets is not None:
                 extra = sorted(set(self.rccl.gpu_targets) - set(self.gpu_targets))
                 if extra:
-                    raise ValueError(f"rccl.gpu_targets names {', '.join(extra)}, which gpu_targets does not "
+                    raise FieldError(("rccl", "gpu_targets"),
+                                     f"rccl.gpu_targets names {', '.join(extra)}, which gpu_targets does not "
                                      "(drop rccl.gpu_targets to follow gpu_targets)")
         else:
             for key in ("rocm", "rccl"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"`{key}:` only belongs to platform rocm")
+                    raise FieldError((key,), f"`{key}:` only belongs to platform rocm")
             if self.gpu_targets:
-                raise ValueError("gpu_targets only belongs to platform rocm")
+                raise FieldError(("gpu_targets",), "gpu_targets only belongs to platform rocm")
         return self
 
 
