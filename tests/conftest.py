@@ -25,6 +25,15 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _user_state(tmp_path_factory):
+    """toolbox's first-use pin lock and download cache (toolbox.pinning) go to a session folder,
+    never the developer's ~/.local/state or ~/.cache."""
+    d = tmp_path_factory.mktemp("user-state")
+    os.environ.setdefault("TOOLBOX_STATE_DIR", str(d / "state"))
+    os.environ.setdefault("TOOLBOX_CACHE_DIR", str(d / "cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """`tiny_models("qwen3")` -> Path of a saved tiny model (built once per session per arch)."""

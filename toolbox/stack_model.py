@@ -67,6 +67,18 @@ def _url(value: str) -> str:
     return value
 
 
+def _pinned_is_verified(key: str):
+    """A before-validator: a block whose hash `key` is set (in a stack file or by --set) counts as
+    verified, whatever `unverified:` an extended stack said (issue 12: `--set ...sha256=` alone)."""
+
+    def check(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get(key) is not None and data.get("unverified"):
+            data = {**data, "unverified": False}
+        return data
+
+    return model_validator(mode="before")(classmethod(check))
+
+
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -76,7 +88,8 @@ class Base(Model):
     digest: Optional[str] = Field(None, description='manifest digest sha256:<64 hex> the image is pulled by; `toolbox bump base` resolves it')
     family: Literal["fedora", "debian"] = Field(description='OS family: picks the package manager and package names')
     python: str = Field("python3", description="the base's interpreter the /opt/venv is made with (fedora; debian always uses python3)")
-    unverified: bool = Field(False, description='true while the digest is not pinned: `toolbox build` then needs --allow-unverified')
+    unverified: bool = Field(False, description='true while the digest is not pinned: `toolbox build` then pins it on first use (a set digest counts as verified)')
+    _verified = _pinned_is_verified("digest")
 
     @field_validator("image")
     @classmethod
@@ -103,7 +116,8 @@ class Base(Model):
 class Tarball(Model):
     url: str = Field(description='http(s) URL of a TheRock dist tarball')
     sha256: Optional[str] = Field(None, description="the tarball's sha256, checked in the build before extracting")
-    unverified: bool = Field(False, description='true while sha256 is unknown: the build then cannot check the download')
+    unverified: bool = Field(False, description='true while sha256 is unknown: `toolbox build` then pins it on first use (a set sha256 counts as verified)')
+    _verified = _pinned_is_verified("sha256")
     _u = field_validator("url")(classmethod(lambda cls, v: _url(v)))
     _s = field_validator("sha256")(classmethod(lambda cls, v: _sha256(v)))
 

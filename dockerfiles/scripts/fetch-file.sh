@@ -24,6 +24,10 @@ if [ "$sum" = UNVERIFIED ]; then
   echo "fetch-file.sh: WARNING: $url is not verified; its sha256 is:" >&2
   sha256sum "$tmp" | cut -d' ' -f1 >&2
 else
-  echo "$sum  $tmp" | sha256sum -c - || { rm -f "$tmp"; echo "fetch-file.sh: sha256 mismatch for $url" >&2; exit 1; }
+  got=$(sha256sum "$tmp" | cut -d' ' -f1)
+  if [ "$got" != "$sum" ]; then
+    rm -f "$tmp"
+    echo "fetch-file.sh: sha256 mismatch for $url: pinned $sum, downloaded $got" >&2; exit 1
+  fi
 fi
 mv "$tmp" "$out"

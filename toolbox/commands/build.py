@@ -28,6 +28,8 @@ def register(sub) -> None:
     p.add_argument("--context", type=Path, metavar="DIR",
                    help="write the build context here and keep it (default: a temporary folder)")
     p.add_argument("--allow-unverified", action="store_true", help="build even with pins marked unverified")
+    p.add_argument("--frozen", action="store_true",
+                   help="refuse pins not yet locked (no first-use pinning; for CI and releases)")
     p.add_argument("--dry-run", action="store_true", help="print the engine commands, shell-quoted; build nothing")
     p.set_defaults(func=run)
 
@@ -77,15 +79,23 @@ def run(args) -> int:
     from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
+    from toolbox import pinning
+
     stack = load_stack(args.stack, args.overrides)
-    unverified = stack.unverified_pins()
-    if unverified and not args.allow_unverified:
-        raise UserError(
-            f"stack {stack.name}: pins marked unverified: {', '.join(unverified)}; verify them "
-            "(`toolbox bump`/hashes) or pass --allow-unverified"
-        )
     _check_inputs(args)
     engine = get_engine(args.engine)
+    if not args.allow_unverified or args.frozen:
+        # The ROCm tarball's sha256 / base digest: from the user's pin lock, else fetched once now.
+        pins = pinning.first_use_overrides(stack, frozen=args.frozen, engine=engine.name,
+                                           ca_bundle=args.ca_bundle)
+        if pins:
+            stack = load_stack(args.stack, [*args.overrides, *pins])
+    unverified = stack.unverified_pins()
+    if unverified and (args.frozen or not args.allow_unverified):
+        raise UserError(
+            f"stack {stack.name}: pins marked unverified: {', '.join(unverified)}; verify them "
+            "(`toolbox bump`/hashes) or pass --allow-unverified" + (" (not with --frozen)" if args.frozen else "")
+        )
     tag = args.tag or default_tag(stack)
 
     if args.context is not None:
@@ -104,6 +114,9 @@ def run(args) -> int:
     try:
         if args.dry_run:
             print(f"# context: {ctx}")
+            if args.context is None:  # dry runs say what they leave behind
+                print(f"toolbox: dry run: the build context stays in {ctx.parent} for these commands; "
+                      f"remove it when done (--context DIR puts it where you choose)", file=sys.stderr)
             print("IIDFILE=$(mktemp)")
             for argv in engine.build_commands(spec):
                 print(quote(argv).replace("'$IIDFILE'", '"$IIDFILE"').replace("'$(cat $IIDFILE)'", '"$(cat "$IIDFILE")"'))

@@ -1,0 +1,209 @@
+"""First-use pinning (issue 12, item 2) against a real HTTP server on 127.0.0.1.
+
+The server serves a fake TheRock dist tarball (with share/therock/therock_manifest.json); the
+CLI path is `toolbox build --dry-run` (it pins like a build, then prints the commands), with
+the user's state and cache folders pointed into tmp_path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from toolbox import pinning
+from toolbox.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+RCCL_COMMIT = "79e85e1468f96a867108043c953e9547c13b4c5e"  # gfx1151.yaml's rccl.commit
+OTHER_COMMIT = "0f191289" + "0" * 32
+NAME = "therock-dist-linux-gfx1151-7.13.0.tar.gz"
+
+
+def make_tarball(commit: str, filler: bytes = b"") -> bytes:
+    manifest = {"schema_version": "TheRock-Manifest.v1",
+                "submodules": [{"path": "rocm-libraries", "url": "https://github.com/ROCm/rocm-libraries.git",
+                                "commit": "1" * 40},
+                               {"path": "rocm-systems", "url": "https://github.com/ROCm/rocm-systems.git",
+                                "commit": commit}]}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in (("./bin/hipcc", b"#!/bin/sh\n" + filler), ("./lib/libamdhip64.so", b"\x7fELF"),
+                           ("./share/therock/therock_manifest.json", json.dumps(manifest).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class Server:
+    """Serves self.body at /NAME and counts the requests."""
+
+    def __init__(self):
+        self.body = make_tarball(RCCL_COMMIT)
+        self.hits = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                outer.hits += 1
+                if self.path != f"/{NAME}":
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/{NAME}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def user(tmp_path, monkeypatch):
+    """The user's state and cache folders, empty."""
+    env = {"TOOLBOX_STATE_DIR": str(tmp_path / "state"), "TOOLBOX_CACHE_DIR": str(tmp_path / "cache")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def stack_file(tmp_path: Path, url: str, **extra: str) -> Path:
+    p = tmp_path / "mine.yaml"
+    lines = ["extends: gfx1151", "name: mine", "base:", f"  digest: sha256:{'b' * 64}",
+             "rocm:", "  tarball:", f"    url: {url}"]
+    lines += [f"{k}: {v}" for k, v in extra.items()]
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def build_dry(stack: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'entrypoints'}"}
+    cp = subprocess.run([sys.executable, "-m", "toolbox", "build", "--stack", str(stack), "--engine", "podman",
+                         *args, "--dry-run"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    for line in cp.stdout.splitlines():  # a dry run keeps its context for the printed commands
+        if line.startswith("# context: "):
+            dockerfile = Path(line.split(": ", 1)[1]) / "Dockerfile"
+            cp.dockerfile = dockerfile.read_text()
+            shutil.rmtree(dockerfile.parent.parent)
+    return cp
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_first_build_locks_then_reuses(tmp_path, server, user):
+    stack = stack_file(tmp_path, server.url)
+    cp = build_dry(stack)
+    assert cp.returncode == 0, cp.stderr
+    want = sha(server.body)
+    assert "PINNED ON FIRST USE" in cp.stderr and want in cp.stderr
+    assert f"--sha256 {want}" in cp.dockerfile  # the build checks the bytes against the pin
+    lock = json.loads((tmp_path / "state" / "pins.lock.json").read_text())
+    assert lock["files"][server.url]["sha256"] == want
+    assert lock["files"][server.url]["rocm_systems_commit"] == RCCL_COMMIT
+    assert server.hits == 1
+
+    cp = build_dry(stack)
+    assert cp.returncode == 0, cp.stderr
+    assert "PINNED" not in cp.stderr and f"--sha256 {want}" in cp.dockerfile
+    assert server.hits == 1  # downloaded once: the cached copy and the lock are reused
+
+
+def test_changed_bytes_fail_naming_both_hashes(tmp_path, server, user):
+    stack = stack_file(tmp_path, server.url)
+    assert build_dry(stack).returncode == 0
+    old = sha(server.body)
+    shutil.rmtree(tmp_path / "cache")  # a new machine, or a cleaned cache: the bytes are fetched again
+    server.body = make_tarball(RCCL_COMMIT, filler=b"changed upstream")
+    cp = build_dry(stack)
+    assert cp.returncode == 2
+    assert old in cp.stderr and sha(server.body) in cp.stderr and "changed" in cp.stderr
+    assert "Traceback" not in cp.stderr
+    lock = json.loads((tmp_path / "state" / "pins.lock.json").read_text())
+    assert lock["files"][server.url]["sha256"] == old  # the lock keeps the first hash
+
+
+def test_frozen_refuses_what_is_not_locked(tmp_path, server, user):
+    stack = stack_file(tmp_path, server.url)
+    cp = build_dry(stack, "--frozen")
+    assert cp.returncode == 2 and "--frozen" in cp.stderr and server.url in cp.stderr
+    assert server.hits == 0 and not (tmp_path / "state" / "pins.lock.json").exists()
+    assert build_dry(stack).returncode == 0  # once locked, --frozen builds
+    cp = build_dry(stack, "--frozen")
+    assert cp.returncode == 0, cp.stderr
+    assert server.hits == 1
+
+
+def test_manifest_commit_must_match_rccl_commit(tmp_path, server, user):
+    server.body = make_tarball(OTHER_COMMIT)
+    cp = build_dry(stack_file(tmp_path, server.url))
+    assert cp.returncode == 2
+    assert OTHER_COMMIT in cp.stderr and RCCL_COMMIT in cp.stderr and "Traceback" not in cp.stderr
+    assert not (tmp_path / "state" / "pins.lock.json").exists()  # nothing locked
+    assert not pinning.cached_path(server.url).exists()  # nor kept
+
+
+def test_a_set_sha256_counts_as_verified(tmp_path, server, user):
+    digest = "c" * 64
+    cp = build_dry(stack_file(tmp_path, server.url), "--set", f"rocm.tarball.sha256={digest}")
+    assert cp.returncode == 0, cp.stderr  # no `rocm.tarball.unverified=false` needed
+    assert f"--sha256 {digest}" in cp.dockerfile and server.hits == 0
+
+
+def test_unreachable_host_is_one_network_line(tmp_path, user):
+    cp = build_dry(stack_file(tmp_path, "http://127.0.0.1:9/" + NAME))  # discard port: refused
+    assert cp.returncode != 0 and "Traceback" not in cp.stderr
+    first = cp.stderr.strip().splitlines()[0]
+    assert first.startswith("toolbox: error: network:") and "first use" in first
+
+
+def test_base_digest_pinned_on_first_use(tmp_path, user):
+    calls = []
+
+    def probe(ref):
+        calls.append(ref)
+        return "sha256:" + "d" * 64
+
+    lock = pinning.PinLock()
+    ref = "registry.fedoraproject.org/fedora:43"
+    with pytest.raises(UserError, match="--frozen"):
+        pinning.pin_image(ref, lock=lock, frozen=True, probe=probe)
+    assert pinning.pin_image(ref, lock=lock, frozen=False, probe=probe) == "sha256:" + "d" * 64
+    again = pinning.PinLock()  # read back from the file
+    assert pinning.pin_image(ref, lock=again, frozen=True, probe=probe) == "sha256:" + "d" * 64
+    assert calls == [ref]
+    assert str(tmp_path / "state") in str(again.path)
+
+
+def test_state_lives_outside_the_package(monkeypatch, tmp_path):
+    monkeypatch.delenv("TOOLBOX_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert pinning.PinLock().path == tmp_path / "xdg" / "toolbox" / "pins.lock.json"

@@ -1,0 +1,248 @@
+"""First-use pinning: what cannot be pinned offline is pinned the first time it is fetched.
+
+AMD publishes no checksum beside TheRock's tarballs, and a base image's digest needs a
+registry. So, like a lock file: the first `toolbox build` of a stack whose ROCm tarball has no
+sha256 downloads it once into the user's cache, records its sha256 in the user's pin lock
+(beside the stack state, never in the installed package), says so in one loud line, and every
+later build uses that hash; bytes that differ later are an error naming both hashes. The same
+for an unpinned base image's digest. `--frozen` refuses anything not locked yet.
+
+After a tarball download, its share/therock/therock_manifest.json (TheRock's
+build_tools/generate_therock_manifest.py, schema TheRock-Manifest.v1: `submodules[]` of
+path/url/commit) must name the same rocm-systems commit as the stack's `rccl.commit`, so RCCL is
+built from the sources of the ROCm that torch was built against.
+
+`first_use_overrides(stack, ...)` returns `--set` overrides that make the stack verified; the
+caller reloads the stack with them (the stack model itself stays untouched).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+from toolbox.errors import ToolError, UserError
+from toolbox.files import atomic_write
+
+LOCK_NAME = "pins.lock.json"
+MANIFEST = "share/therock/therock_manifest.json"
+CHUNK = 1 << 20
+
+
+def state_dir() -> Path:
+    """$TOOLBOX_STATE_DIR, else $XDG_STATE_HOME/toolbox, else ~/.local/state/toolbox."""
+    if os.environ.get("TOOLBOX_STATE_DIR"):
+        return Path(os.environ["TOOLBOX_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "toolbox"
+
+
+def cache_dir() -> Path:
+    """$TOOLBOX_CACHE_DIR, else $XDG_CACHE_HOME/toolbox, else ~/.cache/toolbox."""
+    if os.environ.get("TOOLBOX_CACHE_DIR"):
+        return Path(os.environ["TOOLBOX_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "toolbox"
+
+
+class PinLock:
+    """The user's lock of first-use pins: {"files": {url: {...}}, "images": {ref: {...}}}."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or state_dir() / LOCK_NAME
+        self.data: dict = {"files": {}, "images": {}}
+        if self.path.exists():
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as exc:
+                raise UserError(f"{self.path}: unreadable pin lock ({exc}); fix or remove it") from None
+            self.data.update(data)
+
+    def file(self, url: str) -> dict | None:
+        return self.data["files"].get(url)
+
+    def image(self, ref: str) -> dict | None:
+        return self.data["images"].get(ref)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _loud(msg: str) -> None:
+    print(f"toolbox: PINNED ON FIRST USE: {msg}", file=sys.stderr, flush=True)
+
+
+def cached_path(url: str) -> Path:
+    key = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return cache_dir() / "downloads" / key / url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def download(url: str, dest: Path, *, ca_bundle: Path | None = None) -> str:
+    """Stream url into dest (atomically); returns its sha256. Network trouble is one clear error."""
+    import ssl
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    ctx = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else None
+    h = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with urllib.request.urlopen(url, timeout=60, context=ctx) as resp:
+                    while chunk := resp.read(CHUNK):
+                        h.update(chunk)
+                        out.write(chunk)
+            except urllib.error.HTTPError as exc:
+                raise ToolError(f"network: cannot download {url} to pin it on first use: "
+                                f"HTTP {exc.code} {exc.reason}") from None
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                raise ToolError(f"network: cannot download {url} to pin it on first use: {reason} "
+                                "(this host cannot reach it; with a TLS proxy pass --ca-bundle FILE; "
+                                "or pin it yourself: --set rocm.tarball.sha256=<64 hex>)") from None
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return h.hexdigest()
+
+
+def manifest_commit(tarball: Path, repo: str = "rocm-systems") -> str | None:
+    """The commit that the tarball's TheRock manifest records for `repo` (None: no such entry)."""
+    try:
+        with tarfile.open(tarball, "r:*") as tf:
+            for member in tf:
+                if member.isfile() and member.name.lstrip("./").endswith(MANIFEST):
+                    f = tf.extractfile(member)
+                    doc = json.loads(f.read().decode("utf-8")) if f else {}
+                    break
+            else:
+                raise UserError(f"{tarball}: no {MANIFEST} inside; not a TheRock dist tarball")
+    except (tarfile.TarError, OSError, ValueError) as exc:
+        raise UserError(f"{tarball}: cannot read {MANIFEST}: {exc}") from None
+    for sub in doc.get("submodules") or []:
+        names = {str(sub.get("path", "")).rstrip("/").rsplit("/", 1)[-1],
+                 str(sub.get("url", "")).rstrip("/").removesuffix(".git").rsplit("/", 1)[-1]}
+        if repo in names and sub.get("commit"):
+            return str(sub["commit"])
+    return None
+
+
+def _check_manifest(tarball: Path, url: str, rccl_commit: str | None) -> str | None:
+    commit = manifest_commit(tarball)
+    if rccl_commit and commit and commit != rccl_commit:
+        raise UserError(f"rocm tarball {url}: its {MANIFEST} names rocm-systems commit {commit}, "
+                        f"but the stack's rccl.commit is {rccl_commit}; RCCL must be built from the "
+                        "ROCm release torch was built against: set rccl.commit or pick the matching tarball")
+    return commit
+
+
+def pin_tarball(url: str, *, rccl_commit: str | None, lock: PinLock, frozen: bool,
+                ca_bundle: Path | None = None) -> str:
+    """The sha256 of url: from the lock (its cached copy re-checked when present), else fetched now."""
+    entry = lock.file(url)
+    if entry is None and frozen:
+        raise UserError(f"--frozen: rocm.tarball {url} has no sha256 and is not in the pin lock "
+                        f"{lock.path}; build once without --frozen, or --set rocm.tarball.sha256=<64 hex>")
+    if entry is not None and rccl_commit and entry.get("rocm_systems_commit") not in (None, rccl_commit):
+        raise UserError(f"rocm tarball {url}: its {MANIFEST} names rocm-systems commit "
+                        f"{entry['rocm_systems_commit']} (pin lock {lock.path}), but the stack's "
+                        f"rccl.commit is {rccl_commit}; set rccl.commit or pick the matching tarball")
+    dest = cached_path(url)
+    if entry is not None and dest.is_file():
+        return entry["sha256"]
+    got = download(url, dest, ca_bundle=ca_bundle)
+    if entry is not None:
+        if got != entry["sha256"]:
+            dest.unlink(missing_ok=True)
+            raise UserError(f"rocm tarball {url} changed: locked sha256 {entry['sha256']} "
+                            f"(on {entry.get('locked', '?')}, {lock.path}), downloaded now {got}; "
+                            "if the new bytes are intended, remove that entry and build again")
+        return got
+    try:
+        commit = _check_manifest(dest, url, rccl_commit)
+    except UserError:
+        dest.unlink(missing_ok=True)
+        raise
+    lock.data["files"][url] = {"sha256": got, "locked": _now(), "rocm_systems_commit": commit}
+    lock.save()
+    _loud(f"{url} sha256 {got} (AMD publishes no checksum; recorded in {lock.path}, "
+          "later builds must see the same bytes)")
+    return got
+
+
+Probe = Callable[[str], str]
+
+
+def engine_digest(engine: str) -> Probe:
+    """Pull ref with the engine's CLI and return its registry digest (sha256:...)."""
+
+    def probe(ref: str) -> str:
+        exe = shutil.which(engine)
+        if exe is None:
+            raise ToolError(f"{engine} not found: cannot resolve the digest of {ref}")
+        pull = subprocess.run([exe, "pull", "-q", ref], capture_output=True, text=True)
+        if pull.returncode != 0:
+            last = (pull.stderr.strip().splitlines() or ["?"])[-1]
+            raise ToolError(f"network: cannot pull {ref} to pin its digest on first use: {last} "
+                            "(or pin it yourself: --set base.digest=sha256:<64 hex>)")
+        out = subprocess.run([exe, "image", "inspect", "--format", "{{json .RepoDigests}}", ref],
+                             capture_output=True, text=True)
+        name = ref.rsplit(":", 1)[0]
+        for rd in json.loads(out.stdout or "[]") or []:
+            if rd.startswith(name + "@sha256:"):
+                return rd.split("@", 1)[1]
+        raise ToolError(f"{engine} pulled {ref} but reports no registry digest for it")
+
+    return probe
+
+
+def pin_image(ref: str, *, lock: PinLock, frozen: bool, probe: Probe) -> str:
+    entry = lock.image(ref)
+    if entry is not None:
+        return entry["digest"]
+    if frozen:
+        raise UserError(f"--frozen: base image {ref} has no digest and is not in the pin lock "
+                        f"{lock.path}; build once without --frozen, or --set base.digest=sha256:<64 hex>")
+    digest = probe(ref)
+    lock.data["images"][ref] = {"digest": digest, "locked": _now()}
+    lock.save()
+    _loud(f"{ref} digest {digest} (recorded in {lock.path})")
+    return digest
+
+
+def first_use_overrides(stack, *, frozen: bool = False, engine: str = "podman",
+                        ca_bundle: Path | None = None, lock: PinLock | None = None,
+                        probe: Probe | None = None) -> list[str]:
+    """`--set` overrides pinning the stack's unverified tarball and base digest (fetching on first use)."""
+    lock = lock or PinLock()
+    out: list[str] = []
+    rocm = getattr(stack, "rocm", None)
+    if rocm is not None and rocm.source == "tarball" and rocm.tarball.sha256 is None:
+        rccl = getattr(stack, "rccl", None)
+        sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), lock=lock,
+                          frozen=frozen, ca_bundle=ca_bundle)
+        out += [f"rocm.tarball.sha256={sha}", "rocm.tarball.unverified=false"]
+    base = stack.base
+    if base.digest is None and base.unverified:
+        digest = pin_image(base.image, lock=lock, frozen=frozen, probe=probe or engine_digest(engine))
+        out += [f"base.digest={digest}", "base.unverified=false"]
+    return out
