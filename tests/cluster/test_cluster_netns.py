@@ -18,59 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import netns_harness as nh
+import clusterkit as ck
+from clusterkit import ROOT, toolbox
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = str(Path(sys.executable).parent)
-
-_why = nh.available()
-if _why and os.environ.get("CI"):
-    raise RuntimeError(f"cluster tests cannot run in CI: {_why}")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(_why), reason=_why or "")]
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    cluster = nh.start(tmp_path_factory.mktemp("cluster") / "h", tag=str(os.getpid() % 100000))
-    try:
-        yield cluster
-    finally:
-        nh.stop(cluster)
-
-
-def toolbox(cluster, *args: str, ssh_config: Path | None = None, env: dict | None = None, timeout: float = 400,
-            background: bool = False):
-    argv = cluster.exec_argv(cluster.nodes[0], [
-        sys.executable, "-m", "toolbox", "cluster", args[0], "-F", str(ssh_config or cluster.ssh_config),
-        "--hosts", ",".join(n.name for n in cluster.nodes), "--via", "none", "--remote-path", VENV_BIN,
-        "--cpu", *args[1:]])
-    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    if background:
-        return subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proc = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # the launcher stops every node on Ctrl-C
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        pytest.fail(f"toolbox cluster {args[0]} still running after {timeout:.0f} s:\n{(out + err)[-5000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-@pytest.fixture
-def train_cfg(tiny_model, tmp_path):
-    from helpers.tiny import write_dataset, write_train_config
-
-    data = write_dataset(tmp_path / "train.jsonl", "text", n=64)
-    return write_train_config(tmp_path / "train.yaml", tiny_model, data, tmp_path / "unused")
-
-
-def _metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+pytestmark = pytest.mark.slow
+_metrics = ck.metrics
 
 
 def test_ddp_across_two_hosts(hosts, train_cfg, tmp_path):
@@ -103,23 +55,6 @@ def test_ddp_across_two_hosts(hosts, train_cfg, tmp_path):
     assert (out0 / "model.safetensors").is_file()
 
 
-def _worker_pids(run_marker: str | None = None) -> dict[int, int]:
-    """RANK -> pid of the training workers (their environment says RANK and TOOLBOX_CLUSTER_RUN)."""
-    found = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            env = dict(kv.split("=", 1) for kv in (d / "environ").read_bytes().decode(errors="replace").split("\0") if "=" in kv)
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"toolbox_train.finetune" in cmd and "TOOLBOX_CLUSTER_RUN" in env and "RANK" in env \
-                and b"accelerate" not in cmd:
-            found[int(env["RANK"])] = int(d.name)
-    return found
-
-
 def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
     out = tmp_path / "out"
     common = ["--strategy", "ddp", "--nproc", "1"]
@@ -133,10 +68,10 @@ def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
             assert proc.poll() is None, proc.stdout.read()[-4000:]
             assert time.monotonic() < deadline, "no checkpoint within 240 s"
             time.sleep(0.2)
-        pids = _worker_pids()
-        assert set(pids) == {0, 1}, pids
+        pids = ck.worker_pids()
+        assert set(pids) == {(0, 0), (1, 1)}, pids
         killed_at = time.monotonic()
-        os.kill(pids[1], signal.SIGKILL)
+        os.kill(pids[(1, 1)], signal.SIGKILL)
         log, _ = proc.communicate(timeout=60)
         took = time.monotonic() - killed_at
     finally:
@@ -148,9 +83,9 @@ def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
     assert "cluster: FAILED: node2 (node rank 1)" in log, log[-3000:]
     assert "to resume from the last checkpoint: toolbox cluster launch" in log and "--resume" in log
     gone_by = time.monotonic() + 10
-    while _worker_pids() and time.monotonic() < gone_by:
+    while ck.worker_pids() and time.monotonic() < gone_by:
         time.sleep(0.2)
-    assert not _worker_pids(), "training processes left running after the stop"
+    assert not ck.worker_pids(), "training processes left running after the stop"
 
     done = max(x["step"] for x in _metrics(Path(f"{out}-0")))
     last = max(int(c.name.split("-")[1]) for c in (Path(f"{out}-0") / "checkpoints").glob("checkpoint-*"))
@@ -222,6 +157,10 @@ def test_host_key_mismatch_refused(hosts, tmp_path):
     cfg = _with_known_hosts(hosts, tmp_path, None)
     r = toolbox(hosts, "check", ssh_config=cfg, timeout=60)
     assert r.returncode == 1 and "node2: host key not in known_hosts, refusing to connect" in r.stderr
+    # The file it belongs in and the line to add (defect 3: neither was named).
+    kh = tmp_path / "known_hosts"
+    assert f"no line for {hosts.nodes[1].addr} (ED25519 key) in {kh}" in r.stderr, r.stderr
+    assert f"ssh-keyscan -p 22 -t ed25519 {hosts.nodes[1].addr} >> {kh}" in r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,63 @@ def test_podman_node_command_passes_env_by_name_and_devices(monkeypatch):
     assert "HF_TOKEN" in cmd and "hf_x" not in " ".join(cmd)  # -e NAME: the value stays in the environment
     assert "--node-rank" in cmd and cmd[cmd.index("--node-rank") + 1] == "1"
     assert cmd[cmd.index("--transport") + 1] == "rdma" and "NCCL_IB_DISABLE" not in env  # launch sets the RDMA env
+
+
+# A process tree like torchrun's: a parent that ignores TERM (the elastic agent blocked in a
+# barrier) and a child in a session of its own (torchrun starts workers so) that ignores it too.
+_STUBBORN = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _node_wrapper(quiet: int, grace: int) -> subprocess.Popen:
+    from toolbox.cluster.ssh import NODE_WRAPPER
+
+    proc = subprocess.Popen(["sh", "-c", NODE_WRAPPER, "toolbox-node", "watch", str(quiet), str(grace),
+                             sys.executable, "-c", _STUBBORN], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc.stdin.write(env_preamble({"TOOLBOX_NODE_ID": f"unit-{os.getpid()}-{quiet}"}))
+    proc.stdin.flush()
+    return proc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["stdin closed", "launcher silent"])
+def test_node_wrapper_stops_what_outlives_term(how):
+    """TERM, then KILL after the grace, to the group and to the child in its own session; the
+    wrapper exits only when both are gone. Silence (no heartbeat) stops the node like EOF."""
+    proc = _node_wrapper(quiet=2 if how == "launcher silent" else 60, grace=1)
+    leader = None
+    child = int(proc.stdout.readline())
+    for p in Path("/proc").iterdir():  # the session leader: the stubborn parent
+        if p.name.isdigit() and _alive(int(p.name)):
+            try:
+                if f"unit-{os.getpid()}" in (p / "environ").read_bytes().decode(errors="replace") \
+                        and int(p.name) != child:
+                    leader = int(p.name)
+            except OSError:
+                pass
+    assert leader and _alive(child)
+    if how == "stdin closed":
+        proc.stdin.close()
+    proc.wait(timeout=30)
+    assert not _alive(leader) and not _alive(child)
+
+
+def test_unknown_host_key_names_the_file_and_the_line_to_add():
+    err = ("No ECDSA host key is known for [10.0.0.2]:2222 and you have requested strict checking.\n"
+           "Host key verification failed.\n")
+    msg = explain_ssh_failure(Host("gpu2", "gpu2"), err, ["/home/u/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts"])
+    assert msg.startswith("gpu2: host key not in known_hosts, refusing to connect: no line for [10.0.0.2]:2222")
+    assert "in /home/u/.ssh/known_hosts (searched /home/u/.ssh/known_hosts, /etc/ssh/ssh_known_hosts)" in msg
+    assert "`ssh-keyscan -p 2222 -t ecdsa 10.0.0.2 >> /home/u/.ssh/known_hosts`" in msg

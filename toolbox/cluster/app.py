@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from toolbox.cluster import ports
 from toolbox.cluster.hosts import resolve_hosts
 from toolbox.cluster.nodecmd import launch_argv, node_env, substitute, wrap_via
 from toolbox.cluster.probe import HostInfo, Prober, differences
@@ -81,8 +82,15 @@ def _mtu_note(console: Console, infos: list[HostInfo]) -> None:
                       markup=False)
 
 
+def _check_port_free(ssh, infos, port: int) -> None:
+    who = ports.holders(ssh, infos[0].host, port)
+    if who is not None:
+        raise ToolError(f"cannot start: master {ports.describe(infos[0].host, port, who)}")
+
+
 def _run_nodes(args, console, ssh, infos, master_addr, target, node_argv, resume_hint: str | None,
                on_line=None) -> int:
+    _check_port_free(ssh, infos, args.master_port)
     run_id = secrets.token_hex(4)
     jobs = []
     for rank, info in enumerate(infos):
@@ -92,9 +100,23 @@ def _run_nodes(args, console, ssh, infos, master_addr, target, node_argv, resume
     console.print(f"cluster: run {run_id}: starting {len(jobs)} nodes: "
                   + ", ".join(f"{j.host.destination}=rank {j.rank}" for j in jobs), markup=False)
     outcome = Runner(ssh, console, on_line).run(jobs)
+    for j in outcome.late:
+        console.print(f"cluster: warning: {j.host.destination} (node rank {j.rank}) ended with {failure_reason(j)}"
+                      " after its training had finished and its summary was written; nothing was lost",
+                      markup=False)
     if outcome.returncode == 0:
         console.print(f"cluster: all {len(jobs)} nodes finished", markup=False)
         return 0
+    # The nodes' wrappers only exit once all they started is gone; whatever still holds the
+    # master port now would make the `--resume` below fail at once.
+    try:
+        who = ports.wait_free(ssh, infos[0].host, args.master_port, timeout=10)
+    except ToolError as exc:
+        console.print(f"cluster: warning: could not check the master port: {exc}", markup=False)
+    else:
+        if who is not None:
+            console.print(f"cluster: warning: master {ports.describe(infos[0].host, args.master_port, who)}",
+                          markup=False)
     if outcome.interrupted:
         console.print("cluster: interrupted; stopped " + (", ".join(j.host.destination for j in outcome.stopped) or "nothing"),
                       markup=False)

@@ -38,6 +38,8 @@ def node_env(info: HostInfo, rank: int, run_id: str, transport: str, extra_names
         "TOOLBOX_CLUSTER_RUN": run_id,
         "TOOLBOX_CLUSTER_HOST": info.host.destination,
         "TOOLBOX_NODE_RANK": str(rank),
+        # Every process the node starts carries it: how its wrapper finds them all to stop them.
+        "TOOLBOX_NODE_ID": f"{run_id}-{rank}",
     }
     if info.host.ifname:
         # torch picks the interface of the machine's host name otherwise, often the wrong one.

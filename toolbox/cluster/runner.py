@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -15,10 +16,15 @@ from rich.console import Console
 from rich.text import Text
 
 from toolbox.cluster.hosts import Host
+from toolbox.cluster import ssh as _ssh
 from toolbox.cluster.ssh import SshClient, env_preamble, explain_ssh_failure
 
 _COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
-STOP_GRACE_S = 8.0  # the remote wrapper TERMs, then KILLs after 5 s
+# The remote wrapper TERMs, KILLs after its grace, then checks every process of the node is gone.
+STOP_GRACE_S = _ssh.STOP_GRACE_S + 10.0
+# What finetune prints on each node once its training is over, its summary written and its
+# process group shut down: a node that exits non-zero after this has lost nothing.
+FINISHED = re.compile(r"^finetune: node \d+ finished\b")
 
 
 @dataclass
@@ -30,6 +36,8 @@ class NodeJob:
     proc: subprocess.Popen | None = None
     returncode: int | None = None
     ended_at: float | None = None
+    finished: bool = False  # printed FINISHED
+    readers: list[threading.Thread] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)
 
 
@@ -39,6 +47,7 @@ class Outcome:
     failed: list[NodeJob]  # in the order they failed
     interrupted: bool
     stopped: list[NodeJob]  # nodes we had to stop
+    late: list[NodeJob] = field(default_factory=list)  # exited non-zero after they had finished
 
 
 class Runner:
@@ -58,6 +67,8 @@ class Runner:
         stream.close()
 
     def _print(self, job: NodeJob, line: str) -> None:
+        if FINISHED.match(line):
+            job.finished = True
         if self.on_line is not None:
             self.on_line(job, line)
         color = _COLORS[job.rank % len(_COLORS)]
@@ -88,11 +99,14 @@ class Runner:
                 t = threading.Thread(target=self._reader, args=(job, stream, is_err), daemon=True)
                 t.start()
                 readers.append(t)
+                job.readers.append(t)
 
         failed: list[NodeJob] = []
+        late: list[NodeJob] = []
         stopped: list[NodeJob] = []
         interrupted = False
         stop_deadline: float | None = None
+        beat_at = 0.0
         try:
             while True:
                 try:
@@ -103,15 +117,29 @@ class Runner:
                 now = time.monotonic()
                 for job in jobs:
                     if job.returncode is None and job.proc.poll() is not None:
+                        for t in job.readers:  # its last lines may say it had finished
+                            t.join(timeout=2)
+                        self._drain()
                         job.returncode, job.ended_at = job.proc.returncode, now
                         if job.returncode != 0 and job not in stopped:
-                            failed.append(job)
+                            (late if job.finished else failed).append(job)
                 if all(j.returncode is not None for j in jobs):
                     break
+                if stop_deadline is None and now - beat_at >= _ssh.HEARTBEAT_S:
+                    beat_at = now
+                    for j in jobs:
+                        if j.returncode is None:
+                            _heartbeat(j)
                 if (failed or interrupted) and stop_deadline is None:
                     stop_deadline = now + STOP_GRACE_S
                     stopped = [j for j in jobs if j.returncode is None]
                     self._stop(stopped, failed, interrupted)
+                elif late and stop_deadline is None and all(j.finished for j in jobs):
+                    # Every node finished; the ones still running wait in torchrun's exit barrier
+                    # for an agent that will not come.
+                    stop_deadline = now + STOP_GRACE_S
+                    stopped = [j for j in jobs if j.returncode is None]
+                    self._stop(stopped, late, interrupted, why=f"{late[0].host.destination} exited after finishing")
                 if stop_deadline is not None and now > stop_deadline:
                     for j in jobs:
                         if j.returncode is None:
@@ -139,11 +167,11 @@ class Runner:
             code = failed[0].returncode
         else:
             code = 0
-        return Outcome(code, failed, interrupted, stopped)
+        return Outcome(code, failed, interrupted, stopped, late)
 
-    def _stop(self, jobs: list[NodeJob], failed: list[NodeJob], interrupted: bool) -> None:
+    def _stop(self, jobs: list[NodeJob], failed: list[NodeJob], interrupted: bool, why: str = "") -> None:
         if jobs:
-            why = "interrupted" if interrupted else f"{failed[0].host.destination} failed"
+            why = why or ("interrupted" if interrupted else f"{failed[0].host.destination} failed")
             self.console.print(f"cluster: {why}; stopping {', '.join(j.host.destination for j in jobs)}",
                                markup=False, highlight=False)
         for j in jobs:
@@ -152,6 +180,15 @@ class Runner:
                 j.proc.stdin.close()
             except OSError:
                 pass
+
+
+def _heartbeat(job: NodeJob) -> None:
+    # The node's wrapper stops everything when it hears nothing for QUIET_S.
+    try:
+        job.proc.stdin.write(b"\n")
+        job.proc.stdin.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

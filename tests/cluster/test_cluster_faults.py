@@ -1,0 +1,47 @@
+"""Faults on a two-host run (netns hosts, real sshd, gloo through launch/finetune): whatever
+breaks, every process of the run is gone on both hosts within 30 s, the master port is free,
+the right host is named, and the printed `--resume` ends with the weights of a run that was
+never interrupted."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import clusterkit as ck
+from clusterkit import toolbox
+
+pytestmark = pytest.mark.slow
+
+# A worker of node rank 1 that exits 1 a moment after training is over (summary written):
+# node 0's torchrun agent is then waiting in its exit barrier for an agent that never comes.
+EXIT_LATE = """
+import atexit, os, time
+if os.environ.get("TOOLBOX_NODE_RANK") == "1" and "LOCAL_RANK" in os.environ:
+    atexit.register(lambda: (time.sleep(1), os._exit(1)))
+"""
+
+
+def _with_hook(tmp_path, source: str) -> dict:
+    d = tmp_path / "hook"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(source)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(d), os.environ.get("PYTHONPATH")]))}
+
+
+def test_node_failing_after_training_leaves_nothing_on_the_port(hosts, clean, train_cfg, tmp_path):
+    """Defect 1: the master's torchrun agent outlived TERM (it waits in the exit barrier) and was
+    orphaned holding the master port, so the printed `--resume` failed at once."""
+    out = tmp_path / "out"
+    r = toolbox(hosts, "launch", "--strategy", "ddp", "--nproc", "1", "--",
+                "finetune", "--config", str(train_cfg), "--set", f"output.dir={out}-{{node_rank}}",
+                "--set", "train.max_steps=3", env=_with_hook(tmp_path, EXIT_LATE))
+    log = r.stdout + r.stderr
+    ended = time.monotonic()
+    left, port = ck.wait_all_gone(hosts, within=30)
+    assert not left and not port, (f"{time.monotonic() - ended:.0f} s after the launcher ended: processes "
+                                   f"{sorted(left)}, port {ck.PORT}: {port}\n{log[-3000:]}")
+    assert "is held by PID" not in log, log[-3000:]
+    assert (out.with_name("out-0") / "summary.json").is_file()
