@@ -1,7 +1,12 @@
 """`toolbox bump`: resolve a new release and rewrite the stack's pins, so every build stays pinned.
 
-- rocm: the newest (or --to VERSION) TheRock tarball for the stack's first GPU target, found in
-  an index page, downloaded and hashed.
+- rocm: the newest stable (or --to VERSION, or --to MAJOR.MINOR for its newest stable release)
+  TheRock tarball for the stack's first GPU target, found in the index page of the pinned URL's
+  folder (tarball/ or, from ROCm 7.14, tarball-multi-arch/: same file names), downloaded and hashed.
+- torch: torch, torchvision and torchaudio at the newest (or --to X.Y[.Z]) torch built for the
+  stack's ROCm (local tag +rocm<version>) in its pip index; torchvision 0.(minor+15) as PyTorch
+  pairs them. A multi-arch index (torch.multi_arch, whl-multi-arch/) must also list
+  amd-torch-device-<target> at that torch version for every GPU target.
 - rccl, bitsandbytes, unsloth, unsloth_zoo, therock: a git ref (--to TAG|BRANCH, default the
   remote's HEAD) resolved to its 40-hex commit with `git ls-remote`.
 - base: an image tag resolved to its manifest digest through the registry's v2 API.
@@ -21,6 +26,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from toolbox import wheel_index
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.stack import load_stack, resolve_ref
@@ -33,7 +39,7 @@ GIT_FIELDS = {
     "unsloth_zoo": ("unsloth", "zoo_repo", "zoo_commit"),
     "therock": ("rocm.therock", "repo", "commit"),
 }
-COMPONENTS = sorted(["rocm", "base", *GIT_FIELDS])
+COMPONENTS = sorted(["rocm", "torch", "base", *GIT_FIELDS])
 
 
 def _open(url: str, method: str = "GET", headers: dict | None = None):
@@ -53,7 +59,8 @@ def sha256_url(url: str) -> str:
 
 
 def resolve_tarball(index_url: str, target: str, to: str | None) -> tuple[str, str]:
-    """(version, url) of the tarball for target: exactly --to, or the highest version listed."""
+    """(version, url) of the tarball for target: --to exactly, the newest stable MAJOR.MINOR.x for
+    --to MAJOR.MINOR, else the newest stable listed (the newest of all when none is stable)."""
     base = index_url if index_url.endswith("/") else index_url + "/"
     with _open(base) as resp:
         page = resp.read().decode("utf-8", "replace")
@@ -66,14 +73,65 @@ def resolve_tarball(index_url: str, target: str, to: str | None) -> tuple[str, s
             continue
     if not found:
         raise ToolError(f"{base}: lists no therock-dist-linux-{target}-*.tar.gz")
-    if to and to != "latest":
-        if to not in found:
-            raise UserError(f"--to {to}: {base} has no tarball for {target} at that version "
-                            f"(it lists {', '.join(sorted(found, key=found.get))})")
+    listed = ", ".join(sorted(found, key=found.get))
+    if to and to != "latest" and to not in found:
+        series = re.fullmatch(r"(\d+)\.(\d+)", to)
+        cands = [v for v in found if series and found[v].release[:2] == (int(series[1]), int(series[2]))
+                 and not found[v].is_prerelease]
+        if not cands:
+            raise UserError(f"--to {to}: {base} has no tarball for {target} at that version (it lists {listed})")
+        version = max(cands, key=found.get)
+    elif to and to != "latest":
         version = to
     else:
-        version = max(found, key=found.get)
+        stable = [v for v in found if not found[v].is_prerelease]
+        version = max(stable or found, key=found.get)
     return version, urllib.parse.urljoin(base, f"therock-dist-linux-{target}-{version}.tar.gz")
+
+
+def _index_wheels(index_url: str, project: str) -> list[wheel_index.Wheel]:
+    url = wheel_index.project_url(index_url, project)
+    with _open(url) as resp:
+        return wheel_index.parse_page(resp.read().decode("utf-8", "replace"))
+
+
+def resolve_torch(stack, index_url: str, to: str | None) -> dict[str, str]:
+    """torch/torchvision/torchaudio versions for the stack's ROCm from its pip index."""
+    local = f"rocm{stack.rocm.version}"
+    m = re.fullmatch(r"python(\d)\.(\d+)", stack.base.python or "")
+    interp = f"cp{m[1]}{m[2]}" if m and stack.base.family == "fedora" else None
+    torches = wheel_index.versions(_index_wheels(index_url, "torch"), local=local, interpreter=interp)
+    if not torches:
+        raise ToolError(f"{wheel_index.project_url(index_url, 'torch')}: no torch wheel +{local}"
+                        + (f" for {interp}" if interp else "") + " (linux x86_64)")
+    if to and to != "latest":
+        want = Version(to) if re.fullmatch(r"\d+(\.\d+){1,2}", to) else None
+        cands = [v for v in torches if want and (v.public == to or v.release[:len(want.release)] == want.release)]
+        if not cands:
+            raise UserError(f"--to {to}: no torch {to} +{local} in {index_url} "
+                            f"(it lists {', '.join(str(v) for v in sorted(torches))})")
+        torches = set(cands)
+    torch = max(torches)
+    out = {"torch.torch": str(torch)}
+    if stack.torch.torchvision:
+        vision = {v for v in wheel_index.versions(_index_wheels(index_url, "torchvision"), local=local, interpreter=interp)
+                  if v.release[:2] == (0, torch.minor + 15)}
+        if not vision:
+            raise ToolError(f"{index_url}: no torchvision 0.{torch.minor + 15}.* +{local} to pair with torch {torch}")
+        out["torch.torchvision"] = str(max(vision))
+    if stack.torch.torchaudio:
+        audio = {v for v in wheel_index.versions(_index_wheels(index_url, "torchaudio"), local=local, interpreter=interp)
+                 if v == torch}
+        if not audio:
+            raise ToolError(f"{index_url}: no torchaudio {torch} to pair with torch {torch}")
+        out["torch.torchaudio"] = str(torch)
+    if stack.torch.multi_arch:
+        for target in stack.gpu_targets:
+            device = f"amd-torch-device-{target}"
+            if torch not in wheel_index.versions(_index_wheels(index_url, device)):
+                raise ToolError(f"{index_url}: torch {torch} has no {device} {torch} (the GPU code of "
+                                f"torch[device-{target}]); pick another with --to")
+    return out
 
 
 def resolve_git(repo: str, ref: str | None) -> str:
@@ -159,6 +217,11 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
         version, url = resolve_tarball(index, stack.gpu_targets[0], to)
         changes = {"rocm.version": version, "rocm.tarball.url": url, "rocm.tarball.sha256": sha256_url(url),
                    "rocm.tarball.unverified": False}
+    elif component == "torch":
+        if stack.rocm is None or not (index_url or stack.torch.index_url):
+            raise UserError(f"{path}: torch: bump torch needs a ROCm stack with torch.index_url (or --index-url)")
+        changes = dict(resolve_torch(stack, index_url or stack.torch.index_url, to))
+        changes["torch.unverified"] = False
     elif component == "base":
         image = stack.base.image
         if to and to != "latest":

@@ -203,6 +203,9 @@ class Torch(Model):
     torch: str = Field(description='exact torch version, local tag included (e.g. "2.11.0+rocm7.13.0")')
     torchvision: Optional[str] = Field(None, description='exact torchvision version, or unset to leave it out')
     torchaudio: Optional[str] = Field(None, description='exact torchaudio version, or unset to leave it out')
+    multi_arch: bool = Field(False, description="index_url has TheRock's multi-arch layout (whl-multi-arch/, ROCm 7.14 on): "
+                             "torch and torchvision are installed with a [device-<target>] extra per gpu_target, which "
+                             "adds amd-torch-device-<target> and rocm-sdk-device-<target> (the GPU code)")
     unverified: bool = Field(False, description='true while these versions are not verified against the index')
     _v = field_validator("torch", "torchvision", "torchaudio")(
         classmethod(lambda cls, v: None if v is None else _version(v))
@@ -211,13 +214,31 @@ class Torch(Model):
 
 
 class Bitsandbytes(Model):
+    source: Literal["git", "pypi"] = Field("git", description='git: built from `commit` for the stack\'s targets (HIP backend); '
+                                           "pypi: the released manylinux wheel, whose ROCm builds cover the stack's ROCm")
     repo: str = Field("https://github.com/bitsandbytes-foundation/bitsandbytes", description='bitsandbytes git URL')
-    commit: str = Field(description='40-hex commit to build (HIP backend)')
-    version: str = Field(description='the version that commit builds (names its wheel)')
-    unverified: bool = Field(False, description='true while the commit is not verified')
+    commit: Optional[str] = Field(None, description='40-hex commit to build (source: git)')
+    version: str = Field(description='the version: the wheel built (source: git) or installed (source: pypi)')
+    wheel_sha256: Optional[str] = Field(None, description="sha256 of the manylinux x86_64 wheel (source: pypi), checked in the build")
+    unverified: bool = Field(False, description='true while the commit (git) or the wheel sha256 (pypi) is not verified')
     _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
-    _c = field_validator("commit")(classmethod(lambda cls, v: _commit(v)))
+    _c = field_validator("commit")(classmethod(lambda cls, v: None if v is None else _commit(v)))
     _v = field_validator("version")(classmethod(lambda cls, v: _version(v)))
+    _s = field_validator("wheel_sha256")(classmethod(lambda cls, v: _sha256(v)))
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> "Bitsandbytes":
+        if self.source == "git":
+            if self.commit is None:
+                raise ValueError("source: git needs `commit` (40-hex)")
+            if self.wheel_sha256 is not None:
+                raise ValueError("wheel_sha256 belongs to source: pypi")
+        else:
+            if self.commit is not None:
+                raise ValueError("source: pypi installs the released wheel: set `commit: null`")
+            if self.wheel_sha256 is None and not self.unverified:
+                raise ValueError("source: pypi needs `wheel_sha256` (or mark the block `unverified: true`)")
+        return self
 
 
 class PatchRef(Model):

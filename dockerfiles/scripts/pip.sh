@@ -1,5 +1,5 @@
 #!/bin/sh
-# pip.sh install|wheel|check ARGS...: pip in /opt/venv with the build's inputs:
+# pip.sh install|wheel|download|check ARGS...: pip in /opt/venv with the build's inputs:
 # the CA bundle secret where given, and /wheelhouse as find-links where it holds wheels.
 # install --torch-index URL: an extra index for torch wheels, skipped when the wheelhouse
 # already carries torch (CI has no route to that index, and a local wheel is the point then).
@@ -14,7 +14,7 @@ case "$cmd" in
     "$py" -m pip freeze --all > "${TOOLBOX_FREEZE:-/opt/toolbox/pip-freeze.txt}"
     exit 0
     ;;
-  install|wheel) ;;
+  install|wheel|download) ;;
   *) echo "pip.sh: unknown command $cmd" >&2; exit 2 ;;
 esac
 index=""

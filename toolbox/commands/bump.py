@@ -17,6 +17,6 @@ def register(sub) -> None:
     p.add_argument("component", choices=COMPONENTS)
     p.add_argument("--stack", metavar="NAME|PATH", default=None, help="stack to edit (default gfx1151)")
     p.add_argument("--to", metavar="VERSION|REF|latest", default=None, help="a version, git ref or image tag")
-    p.add_argument("--index-url", default=None, help="rocm: the tarball index page (default: the pinned URL's folder)")
+    p.add_argument("--index-url", default=None, help="rocm: the tarball index page (default: the pinned URL's folder); torch: the pip index (default torch.index_url)")
     p.add_argument("--registry-url", default=None, help="base: registry base URL (default https://<registry host>)")
     p.set_defaults(func=run)

@@ -1,15 +1,24 @@
-"""bitsandbytes built for the stack's GPU targets from a pinned commit (HIP backend)."""
+"""bitsandbytes: built for the stack's GPU targets from a pinned commit (HIP backend), or the
+released PyPI wheel (hash-checked) where its ROCm builds cover the stack's ROCm (0.50.1 ships
+libbitsandbytes_rocm714.so with gfx1151 code; none for 7.13)."""
 
 from toolbox.components import Component
 
 
 def _pins(stack):
     b = stack.bitsandbytes
-    return {"bitsandbytes.commit": b.commit, "bitsandbytes.version": b.version}
+    if b.source == "git":
+        return {"bitsandbytes.commit": b.commit, "bitsandbytes.version": b.version}
+    return {"bitsandbytes.version": b.version, "bitsandbytes.source": "pypi",
+            "bitsandbytes.wheel_sha256": b.wheel_sha256 or "unverified"}
+
+
+def _built(stack) -> bool:
+    return stack.bitsandbytes.source == "git"
 
 
 COMPONENT = Component(
     "bitsandbytes", applies=lambda s: s.bitsandbytes is not None and s.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
-    needs_devel=lambda s: True,
+    builds=_built, needs_devel=_built,
 )

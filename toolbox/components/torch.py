@@ -1,13 +1,25 @@
 """PyTorch (+ torchvision, torchaudio) at exact versions from the stack's index."""
 
+import shlex
+
 from toolbox.components import Component
+
+
+def device_extra(stack) -> str:
+    """`[device-gfx1151]` for a multi-arch index (TheRock RELEASES.md, multi-arch PyTorch): the
+    extra pulls amd-torch-device-<target> and rocm-sdk-device-<target>, the GPU code; without it
+    pip installs host code only."""
+    if not stack.torch.multi_arch:
+        return ""
+    return "[" + ",".join(f"device-{t}" for t in stack.gpu_targets) + "]"
 
 
 def requirements(stack) -> list[str]:
     t = stack.torch
-    reqs = [f"torch=={t.torch}"]
+    extra = device_extra(stack)
+    reqs = [f"torch{extra}=={t.torch}"]
     if t.torchvision:
-        reqs.append(f"torchvision=={t.torchvision}")
+        reqs.append(f"torchvision{extra}=={t.torchvision}")
     if t.torchaudio:
         reqs.append(f"torchaudio=={t.torchaudio}")
     return reqs
@@ -22,8 +34,11 @@ def _pins(stack):
         pins["torchaudio.version"] = t.torchaudio
     if t.index_url:
         pins["torch.index_url"] = t.index_url
+    if t.multi_arch:
+        pins["torch.device_extra"] = device_extra(stack)
     return pins
 
 
 COMPONENT = Component("torch", applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
-                      variables=lambda s, lock: {"torch_reqs": requirements(s)})
+                      # Quoted for the RUN shell: a [device-...] extra is a glob pattern there.
+                      variables=lambda s, lock: {"torch_reqs": [shlex.quote(r) for r in requirements(s)]})

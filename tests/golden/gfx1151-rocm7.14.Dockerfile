@@ -1,0 +1,244 @@
+# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock d600cc450856).
+# Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
+# Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
+
+# ---- base: registry.fedoraproject.org/fedora:43, toolbx/distrobox packages, Python venv at /opt/venv ----
+FROM registry.fedoraproject.org/fedora:43 AS base
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY scripts/ /opt/toolbox/scripts/
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/os-install.sh fedora \
+      bash \
+      bc \
+      ca-certificates \
+      curl \
+      diffutils \
+      findutils \
+      gzip \
+      hostname \
+      iproute \
+      less \
+      libatomic \
+      lsof \
+      numactl-libs \
+      passwd \
+      pinentry \
+      procps-ng \
+      python3.12 \
+      shadow-utils \
+      sudo \
+      tar \
+      time \
+      util-linux \
+      wget \
+      which \
+      xz
+RUN python3.12 -m venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+COPY scripts/profile.sh /etc/profile.d/toolbox.sh
+
+# ---- rocm: TheRock 7.14.0 dist tarball for gfx1151: sha256 and layout checked ----
+FROM base AS rocm-fetch
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/fetch-archive.sh \
+      --url https://repo.amd.com/rocm/tarball-multi-arch/therock-dist-linux-gfx1151-7.14.0.tar.gz \
+      --sha256 UNVERIFIED \
+      --dest /opt/rocm \
+      --expect bin/hipcc \
+      --expect bin/rocminfo \
+      --expect lib/libamdhip64.so \
+      --expect share/therock/therock_manifest.json
+
+# ---- devel: compilers for the builder stages (never copied into the runtime) ----
+FROM base AS devel
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/os-install.sh fedora \
+      ccache \
+      cmake \
+      gcc-c++ \
+      git-core \
+      make \
+      ninja-build \
+      patch \
+      python3-devel
+COPY --from=rocm-fetch /opt/rocm /opt/rocm
+ENV ROCM_PATH=/opt/rocm \
+    HIP_PATH=/opt/rocm \
+    PATH=/opt/rocm/bin:/opt/rocm/llvm/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/rocm/lib
+ENV CCACHE_DIR=/root/.ccache
+
+# ---- rccl: https://github.com/ROCm/rocm-systems @ 2b22ab0195cc1461cd9abf3b969e9dd7c10af350 (projects/rccl), patch series none, for gfx1151 ----
+FROM devel AS rccl-build
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems 2b22ab0195cc1461cd9abf3b969e9dd7c10af350 /src/rocm-systems
+RUN --mount=type=cache,target=/root/.ccache \
+    cmake -S /src/rocm-systems/projects/rccl -B /build/rccl -GNinja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX=/opt/rccl \
+      -DCMAKE_CXX_COMPILER=/opt/rocm/bin/amdclang++ \
+      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+      -DROCM_PATH=/opt/rocm \
+      -DEXPLICIT_ROCM_VERSION=7.14.0 \
+      -DGPU_TARGETS="gfx1151" \
+      -DBUILD_TESTS=OFF \
+      -DGENERATE_SYM_KERNELS=OFF \
+      -DENABLE_AMDSMI=ON \
+ && cmake --build /build/rccl \
+ && cmake --install /build/rccl
+RUN --mount=type=cache,target=/root/.ccache \
+    cmake -S /src/rocm-systems/projects/rccl-tests -B /build/rccl-tests -GNinja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX=/opt/rccl \
+      -DCMAKE_PREFIX_PATH="/opt/rccl;/opt/rocm" \
+      -DCMAKE_CXX_COMPILER=/opt/rocm/bin/amdclang++ \
+      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+      -DROCM_PATH=/opt/rocm \
+      -DGPU_TARGETS="gfx1151" \
+ && cmake --build /build/rccl-tests \
+ && cmake --install /build/rccl-tests
+
+# ---- unsloth 2026.8.19 @ 015bdef0d94a241bcd94eec7a405b1700632180d, unsloth_zoo 2026.8.13 @ ce232d6cef9cb8cd34cd3727906131622177436b: wheels, patches applied ----
+FROM devel AS unsloth-build
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/git-fetch.sh https://github.com/unslothai/unsloth 015bdef0d94a241bcd94eec7a405b1700632180d /src/unsloth \
+ && /opt/toolbox/scripts/git-fetch.sh https://github.com/unslothai/unsloth-zoo ce232d6cef9cb8cd34cd3727906131622177436b /src/unsloth-zoo
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh wheel --no-deps --wheel-dir /wheels/unsloth /src/unsloth /src/unsloth-zoo \
+ && test -f /wheels/unsloth/unsloth-2026.8.19-py3-none-any.whl \
+ && test -f /wheels/unsloth/unsloth_zoo-2026.8.13-py3-none-any.whl
+
+# ---- runtime: only the builder stages' results; no compilers, no sources ----
+FROM base AS runtime
+
+# rocm 7.14.0
+COPY --from=rocm-fetch /opt/rocm /opt/rocm
+ENV ROCM_PATH=/opt/rocm \
+    HIP_PATH=/opt/rocm \
+    PATH=/opt/venv/bin:/opt/rocm/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/rocm/lib
+
+# rccl 2b22ab0195cc1461cd9abf3b969e9dd7c10af350: ahead of ROCm's own copy on the library path
+COPY --from=rccl-build /opt/rccl /opt/rccl
+ENV LD_LIBRARY_PATH=/opt/rccl/lib:/opt/rocm/lib
+
+# torch 2.11.0+rocm7.14.0 from https://repo.amd.com/rocm/whl-multi-arch/
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install \
+      --torch-index https://repo.amd.com/rocm/whl-multi-arch/ \
+      'torch[device-gfx1151]==2.11.0+rocm7.14.0' \
+      'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
+      torchaudio==2.11.0+rocm7.14.0
+# Every other librccl (ROCm's, the copy torch's wheel or its rocm-sdk packages bundle) becomes
+# a link to ours, so whichever name and search path torch resolves lands on the patched build.
+RUN ours=$(readlink -f /opt/rccl/lib/librccl.so.1) \
+ && find /opt/rocm/ /opt/venv/lib -name 'librccl.so*' \( -type f -o -type l \) ! -path '/opt/rccl/*' \
+      -print -exec ln -sfn "$ours" {} \;
+# The RCCL we built must export every nccl*/rccl* symbol torch imports (else `import torch` breaks).
+RUN /opt/venv/bin/python /opt/toolbox/scripts/rccl-abi-check.py \
+      --provider /opt/rccl/lib/librccl.so.1 \
+      --consumer "$(/opt/venv/bin/python -c 'import importlib.util, os; print(os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "lib", "libtorch_hip.so"))')"
+# ...and `import torch` (no GPU needed) must map exactly that library.
+RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("/proc/self/maps") if "librccl" in l}; print("librccl mapped:", *maps); assert maps and all(m.startswith("/opt/rccl/") for m in maps), maps'
+
+# bitsandbytes 0.50.1: the PyPI manylinux wheel (its ROCm 7.14.0 build), sha256 checked
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh download --no-deps --only-binary=:all: -d /tmp/bnb bitsandbytes==0.50.1 \
+ && printf '%s  %s\n' 649b4348c24c05c406a3b8fa9ed6ea00ffecb9dc93dcf838af1a2783844bf3e3 /tmp/bnb/bitsandbytes-0.50.1-*manylinux*x86_64.whl > /tmp/bnb.sha256 \
+ && sha256sum -c /tmp/bnb.sha256 \
+ && /opt/toolbox/scripts/pip.sh install /tmp/bnb/bitsandbytes-0.50.1-*.whl \
+      'torch[device-gfx1151]==2.11.0+rocm7.14.0' \
+      'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
+      torchaudio==2.11.0+rocm7.14.0 \
+ && rm -rf /tmp/bnb /tmp/bnb.sha256
+
+# Hugging Face stack; torch is named again so pip cannot swap it
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install \
+      accelerate==1.15.0 \
+      datasets==4.3.0 \
+      peft==0.18.1 \
+      transformers==5.5.0 \
+      trl==0.24.0 \
+      'torch[device-gfx1151]==2.11.0+rocm7.14.0' \
+      'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
+      torchaudio==2.11.0+rocm7.14.0
+
+# unsloth 2026.8.19 @ 015bdef0d94a241bcd94eec7a405b1700632180d
+COPY --from=unsloth-build /wheels/unsloth/ /opt/toolbox/wheels/unsloth/
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install \
+      "unsloth[huggingfacenotorch] @ file:///opt/toolbox/wheels/unsloth/unsloth-2026.8.19-py3-none-any.whl" \
+      "unsloth_zoo @ file:///opt/toolbox/wheels/unsloth/unsloth_zoo-2026.8.13-py3-none-any.whl" \
+      accelerate==1.15.0 \
+      datasets==4.3.0 \
+      peft==0.18.1 \
+      transformers==5.5.0 \
+      trl==0.24.0 \
+      'torch[device-gfx1151]==2.11.0+rocm7.14.0' \
+      'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
+      torchaudio==2.11.0+rocm7.14.0
+
+# the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
+# then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
+COPY entrypoints/ /opt/toolbox/entrypoints/
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install --no-deps /opt/toolbox/entrypoints \
+ && /opt/toolbox/scripts/pip.sh check \
+ && /opt/toolbox/scripts/link-venv.sh
+COPY stack.lock.yaml /opt/toolbox/stack.lock.yaml
+
+LABEL \
+    com.github.containers.toolbox="true" \
+    io.github.toolbox.accelerate.version="1.15.0" \
+    io.github.toolbox.base.image="registry.fedoraproject.org/fedora:43" \
+    io.github.toolbox.bitsandbytes.source="pypi" \
+    io.github.toolbox.bitsandbytes.version="0.50.1" \
+    io.github.toolbox.bitsandbytes.wheel_sha256="649b4348c24c05c406a3b8fa9ed6ea00ffecb9dc93dcf838af1a2783844bf3e3" \
+    io.github.toolbox.datasets.version="4.3.0" \
+    io.github.toolbox.gpu_targets="gfx1151" \
+    io.github.toolbox.lock-digest="d600cc450856" \
+    io.github.toolbox.peft.version="0.18.1" \
+    io.github.toolbox.platform="rocm" \
+    io.github.toolbox.rccl.commit="2b22ab0195cc1461cd9abf3b969e9dd7c10af350" \
+    io.github.toolbox.rccl.gpu_targets="gfx1151" \
+    io.github.toolbox.rccl.patches.sha256="none" \
+    io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
+    io.github.toolbox.rocm.source="tarball" \
+    io.github.toolbox.rocm.tarball.sha256="unverified" \
+    io.github.toolbox.rocm.tarball.url="https://repo.amd.com/rocm/tarball-multi-arch/therock-dist-linux-gfx1151-7.14.0.tar.gz" \
+    io.github.toolbox.rocm.version="7.14.0" \
+    io.github.toolbox.stack="gfx1151-rocm7.14" \
+    io.github.toolbox.torch.device_extra="[device-gfx1151]" \
+    io.github.toolbox.torch.index_url="https://repo.amd.com/rocm/whl-multi-arch/" \
+    io.github.toolbox.torch.version="2.11.0+rocm7.14.0" \
+    io.github.toolbox.torchaudio.version="2.11.0+rocm7.14.0" \
+    io.github.toolbox.torchvision.version="0.26.0+rocm7.14.0" \
+    io.github.toolbox.transformers.version="5.5.0" \
+    io.github.toolbox.trl.version="0.24.0" \
+    io.github.toolbox.unsloth.commit="015bdef0d94a241bcd94eec7a405b1700632180d" \
+    io.github.toolbox.unsloth.version="2026.8.19" \
+    io.github.toolbox.unsloth_zoo.commit="ce232d6cef9cb8cd34cd3727906131622177436b" \
+    io.github.toolbox.unsloth_zoo.version="2026.8.13" \
+    org.opencontainers.image.base.name="registry.fedoraproject.org/fedora:43" \
+    org.opencontainers.image.description="LLM fine-tuning toolbox for AMD Strix Halo (gfx1151), ROCm 7.14.0" \
+    org.opencontainers.image.licenses="Apache-2.0" \
+    org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
+    org.opencontainers.image.title="toolbox-gfx1151-rocm7.14" \
+    org.opencontainers.image.vendor="toolbox" \
+    org.opencontainers.image.version="d600cc450856"
