@@ -46,6 +46,8 @@ def test_rocm_from_source(tmp_path):
             repo: https://github.com/ROCm/TheRock
             commit: {COMMIT}
             components: [RCCL, HIPIFY, CORE_RUNTIME]
+        torch:
+          index_url: https://example.invalid/whl/gfx1100/   # gfx1151's wheels do not run on gfx1100
         """)
     s = load_stack(str(p))
     text = render_dockerfile(s)
@@ -137,8 +139,59 @@ def test_cuda_unsloth_from_pypi(tmp_path):
 def test_rccl_targets_follow_the_stack(tmp_path):
     from toolbox.errors import UserError
 
-    s = load_stack("gfx1151", ["rccl.gpu_targets=null", "gpu_targets=[gfx1100, gfx1151]"])
+    both = ["rocm.tarball.url=https://example.invalid/therock-dist-linux-gfx1100-gfx1151-7.13.0.tar.gz",
+            "torch.index_url=https://example.invalid/whl/gfx1100-gfx1151/"]  # ROCm and torch for both
+    s = load_stack("gfx1151", ["rccl.gpu_targets=null", "gpu_targets=[gfx1100, gfx1151]", *both])
     assert s.rccl_targets == ["gfx1100", "gfx1151"]
     assert '-DGPU_TARGETS="gfx1100;gfx1151"' in render_dockerfile(s)
     with pytest.raises(UserError, match="rccl.gpu_targets names gfx1151, which gpu_targets does not"):
         load_stack("gfx1151", ["rccl.gpu_targets=[gfx1151]", "gpu_targets=[gfx1100]"])
+
+
+def test_changing_gpu_targets_rederives_or_refuses(tmp_path):
+    from toolbox.errors import UserError
+
+    # The README's example: gfx1151's tarball and wheel index do not serve gfx1100 -> refused,
+    # at the gpu_targets line, naming the fields to set.
+    readme = user_stack(tmp_path, """
+        extends: gfx1151
+        name: mine
+        gpu_targets: [gfx1100]
+        """)
+    with pytest.raises(UserError, match=r"mine.yaml:3: gpu_targets: rocm.tarball.url and torch.index_url are "
+                                        r"for gfx1151, not gpu_targets gfx1100: set rocm.tarball.url and "
+                                        r"torch.index_url for gfx1100 too"):
+        load_stack(str(readme))
+    with pytest.raises(UserError, match=r"--set gpu_targets=\[gfx1100\]: gpu_targets: rocm.tarball.url and"):
+        load_stack("gfx1151", ["gpu_targets=[gfx1100]"])
+    # With them set, everything follows: RCCL's targets (inherited, not set), bitsandbytes', the
+    # tarball's sha256 (gfx1151's would be wrong: unknown again, pinned on first use).
+    sha = "a" * 64
+    url = "https://example.invalid/therock-dist-linux-gfx110X-all-7.13.0.tar.gz"
+    s = load_stack("gfx1151", [f"rocm.tarball.sha256={sha}"])
+    assert s.rocm.tarball.sha256 == sha and not s.rocm.tarball.unverified
+    s = load_stack("gfx1151", [f"rocm.tarball.sha256={sha}", "gpu_targets=[gfx1100]", f"rocm.tarball.url={url}",
+                               "torch.index_url=https://example.invalid/whl/gfx110X-all/"])
+    assert s.rccl_targets == ["gfx1100"] and s.rocm.tarball.sha256 == sha  # set in the same layer: kept
+    p = user_stack(tmp_path, f"""
+        extends: gfx1151
+        gpu_targets: [gfx1100]
+        rocm:
+          tarball:
+            url: {url}
+        torch:
+          index_url: https://example.invalid/whl/gfx110X-all/
+        """)
+    s = load_stack(str(p), [f"rocm.tarball.sha256={sha}"])  # the --set layer sets it: kept
+    assert s.rocm.tarball.sha256 == sha
+    base_sha = tmp_path / "pinned.yaml"
+    base_sha.write_text(f"extends: gfx1151\nrocm:\n  tarball:\n    sha256: {sha}\n")
+    p.write_text(p.read_text().replace("extends: gfx1151", f"extends: {base_sha}"))
+    s = load_stack(str(p))  # the parent's sha256 was for the parent's URL: dropped
+    assert s.rocm.tarball.sha256 is None and s.rocm.tarball.unverified and "rocm.tarball" in s.unverified_pins()
+    text = render_dockerfile(s)
+    assert text.count('-DGPU_TARGETS="gfx1100"') == 2 and '-DBNB_ROCM_ARCH="gfx1100"' in text
+    assert f"--url {url}" in text and "dist tarball for gfx1100" in text
+    # an explicit rccl.gpu_targets is kept, and must still be a subset
+    with pytest.raises(UserError, match="rccl.gpu_targets names gfx1151, which gpu_targets does not"):
+        load_stack(str(p), ["rccl.gpu_targets=[gfx1151]"])

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from toolbox import lock as lockmod
 from toolbox.errors import UserError
 from toolbox.rccl.patches import MissingPatch, Series, parse_series
-from toolbox.stack_loader import Origin, apply_override, format_errors, load_raw
+from toolbox.stack_loader import Origin, apply_overrides, format_errors, load_raw
 # Re-exported: callers import the schema from here.
 from toolbox.stack_model import (  # noqa: F401
     COMMIT_RE, DIGEST_RE, KNOWN_GPU_TARGETS, SHA256_RE, VERSION_RE, StackModel,
@@ -121,8 +121,7 @@ def load_stack(ref: str | None = None, overrides: Sequence[str] = ()) -> Stack:
     path = resolve_ref(ref)
     origin = Origin()
     raw = load_raw(path, origin, lambda parent, folder: resolve_ref(parent, relative_to=folder))
-    for text in overrides:
-        apply_override(raw, text, origin)
+    apply_overrides(raw, overrides, origin)
     try:
         model = StackModel.model_validate(raw)
     except ValidationError as exc:

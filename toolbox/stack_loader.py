@@ -2,7 +2,7 @@
 
 The result is a plain dict plus an `Origin` (where each field path was written), so that a
 validation error of toolbox.stack_model names the file and line the user must edit. Public
-API (toolbox.bump uses it too): `Origin`, `read_yaml`, `load_raw`, `apply_override`,
+API (toolbox.bump uses it too): `Origin`, `read_yaml`, `load_raw`, `apply_overrides`,
 `format_errors`, `field_lines`.
 """
 
@@ -12,7 +12,7 @@ import copy
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from pydantic import ValidationError
 from toolbox_train import safe_yaml
@@ -73,6 +73,51 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+# Fields derived from another. When a layer (a file over the stack it extends, or the --set
+# options over the file) changes the first and does not set the second, the inherited second is
+# stale: it is dropped, and the third item's fields set. rccl.gpu_targets then follows
+# gpu_targets; a new tarball URL's old sha256 is unknown again (pinned on first use).
+FOLLOWS: list[tuple[tuple, tuple, dict[tuple, Any]]] = [
+    (("gpu_targets",), ("rccl", "gpu_targets"), {}),
+    (("rocm", "tarball", "url"), ("rocm", "tarball", "sha256"), {("rocm", "tarball", "unverified"): True}),
+]
+_ABSENT = object()
+
+
+def key_paths(value: Any, prefix: tuple = ()) -> set[tuple]:
+    """Every field path a (nested) mapping sets, prefix included."""
+    out = {prefix} if prefix else set()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out |= key_paths(v, prefix + (k,))
+    return out
+
+
+def _get(d: Any, path: tuple) -> Any:
+    for part in path:
+        if not isinstance(d, dict) or part not in d:
+            return _ABSENT
+        d = d[part]
+    return d
+
+
+def follow(before: dict, after: dict, layer: set[tuple], origin: Origin) -> None:
+    """Reset the FOLLOWS fields that `layer` (the paths one layer set) made stale in `after`."""
+    for trigger, dependent, also in FOLLOWS:
+        if trigger not in layer or dependent in layer or _get(before, trigger) == _get(after, trigger):
+            continue
+        block = _get(after, dependent[:-1])
+        if not isinstance(block, dict) or dependent[-1] not in block:
+            continue
+        del block[dependent[-1]]
+        origin.lines.pop(dependent, None)
+        for path, value in also.items():
+            target = _get(after, path[:-1])
+            if path not in layer and isinstance(target, dict):
+                target[path[-1]] = value
+                origin.lines[path] = origin.find(trigger)
+
+
 def load_raw(path: Path, origin: Origin, resolve: Callable[[str, Path], Path],
              seen: tuple[Path, ...] = ()) -> dict:
     """The file merged over what it `extends:` (resolve(ref, folder) finds the parent file)."""
@@ -96,11 +141,22 @@ def load_raw(path: Path, origin: Origin, resolve: Callable[[str, Path], Path],
     merged_lines = dict(base_origin.lines)
     merged_lines.update({k: v for k, v in origin.lines.items() if k != ("extends",)})
     origin.lines = merged_lines
-    return _merge(base, raw)
+    merged = _merge(base, raw)
+    follow(base, merged, key_paths(raw), origin)
+    return merged
 
 
-def apply_override(raw: dict, text: str, origin: Origin) -> None:
-    """Apply one `--set key.path=value` (value read as YAML, numbers kept as written)."""
+def apply_overrides(raw: dict, texts: Sequence[str], origin: Origin) -> None:
+    """Apply the --set options, then reset the fields they made stale (FOLLOWS)."""
+    before, layer = copy.deepcopy(raw), set()
+    for text in texts:
+        layer |= apply_override(raw, text, origin)
+    follow(before, raw, layer, origin)
+
+
+def apply_override(raw: dict, text: str, origin: Origin) -> set[tuple]:
+    """Apply one `--set key.path=value` (value read as YAML, numbers kept as written); returns
+    the field paths it set."""
     src = f"--set {text}"
     key, sep, value = text.partition("=")
     if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", key):
@@ -124,6 +180,7 @@ def apply_override(raw: dict, text: str, origin: Origin) -> None:
     node[parts[-1]] = parsed
     for n in range(1, len(parts) + 1):
         origin.lines[tuple(parts[:n])] = (src, None)
+    return {tuple(parts[:n]) for n in range(1, len(parts))} | key_paths(parsed, tuple(parts))
 
 
 def format_errors(exc: ValidationError, origin: Origin) -> str:

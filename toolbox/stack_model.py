@@ -162,6 +162,17 @@ class Rocm(Model):
         return self
 
 
+_GFX = re.compile(r"gfx[0-9a-zA-Z]+")
+
+
+def _covers(url: str, targets: list[str]) -> bool:
+    """Whether a URL that names GPU targets (gfx1151, or a family like gfx110X) names each of
+    targets; a URL naming none (a mirror, PyTorch's index) is not judged."""
+    names = _GFX.findall(url)
+    return not names or all(any(t == n or (n[-1] in "xX" and t.startswith(n[:-1])) for n in names)
+                            for t in targets)
+
+
 def _targets(v: list[str]) -> list[str]:
     for t in v:
         if t not in KNOWN_GPU_TARGETS:
@@ -335,6 +346,16 @@ class StackModel(Model):
                     raise FieldError(("rccl", "gpu_targets"),
                                      f"rccl.gpu_targets names {', '.join(extra)}, which gpu_targets does not "
                                      "(drop rccl.gpu_targets to follow gpu_targets)")
+            stale = [(name, url) for name, url in (
+                ("rocm.tarball.url", self.rocm.tarball.url if self.rocm.source == "tarball" else None),
+                ("torch.index_url", self.torch.index_url)) if url and not _covers(url, self.gpu_targets)]
+            if stale:
+                names = " and ".join(n for n, _ in stale)
+                built = ", ".join(sorted({t for _, u in stale for t in _GFX.findall(u)}))
+                raise FieldError(("gpu_targets",), f"{names} {'are' if len(stale) > 1 else 'is'} for {built}, "
+                                 f"not gpu_targets {', '.join(self.gpu_targets)}: set {names} for "
+                                 f"{', '.join(self.gpu_targets)} too (a tarball URL without its sha256 is "
+                                 "pinned on first use)")
         else:
             for key in ("rocm", "rccl"):
                 if getattr(self, key) is not None:
