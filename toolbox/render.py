@@ -18,7 +18,6 @@ import jinja2
 from toolbox import components
 from toolbox.components import ContextFile
 from toolbox.errors import ToolError, UserError
-from toolbox.files import atomic_write  # noqa: F401  (re-exported: callers import it from here)
 from toolbox.lock import document as lock_document
 from toolbox.stack import PROJECT_ROOT, Stack
 

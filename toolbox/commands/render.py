@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from toolbox.render import atomic_write, render_dockerfile, write_context
+from toolbox.files import atomic_write
+from toolbox.render import render_dockerfile, write_context
 from toolbox.stack import load_stack
 
 
