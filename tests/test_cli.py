@@ -90,9 +90,13 @@ def test_stacks_into_head_exits_quietly():
     r = subprocess.run(f"{sys.executable} -m toolbox stacks | head -c 1", shell=True, cwd=ROOT,
                        capture_output=True, text=True, executable="/bin/bash")
     assert r.returncode == 0 and r.stderr == "" and len(r.stdout) == 1
-    r = subprocess.run(["bash", "-o", "pipefail", "-c", f"{sys.executable} -m toolbox stacks | true"],
+    for command in ("stacks", "render --stack gfx1151"):
+        r = subprocess.run(["bash", "-o", "pipefail", "-c", f"{sys.executable} -m toolbox {command} | true"],
+                           cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0 and r.stderr == "", (command, r.stderr)
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", f"{sys.executable} -m toolbox render --stack gfx1151 | head -1"],
                        cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and r.stderr == ""
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.count("\n") == 1
 
 
 def test_unexpected_error_is_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):
