@@ -200,8 +200,6 @@ def test_runnable_examples_run(fence, tmp_path):
     assert "Traceback" not in cp.stderr, cp.stderr[-3000:]
 
 
-# stack: issue 12 item 3 (gpu_targets re-derivation) makes it pass; remove this mark then.
-@pytest.mark.xfail(reason="README mine.yaml: rccl.gpu_targets vs gpu_targets (stack, issue 12 item 3)", strict=False)
 def test_readme_mine_yaml_renders(tmp_path):
     """The README's own `mine.yaml` is a stack that loads and renders as written."""
     block = next(f for f in fences([ROOT / "README.md"]) if f.lang == "yaml" and "mine.yaml" in f.text)
