@@ -26,8 +26,16 @@ GiB = 2**30
 # worst point of backward on top of what is saved (recompute + its gradients), and per backend.
 CAL = {
     "bwd_layers": {"hf": 1.5, "liger": 1.5, "unsloth": 1.0},
-    # Unsloth's offloaded checkpointing: its working set, in its own layer-bytes, on the device.
-    "unsloth_offload_layers": 1.75,
+    # Unsloth's kernels keep less than Liger's per layer (llama-1b LoRA without checkpointing)
+    "unsloth_layer_factor": 0.84,
+    # Unsloth's offloaded checkpointing: its working set on the device, in layers
+    "unsloth_offload_layers": 2.08,
+    # PEFT LoRA on the HF path keeps a copy of down_proj's input per layer (bytes per intermediate
+    # element; llama-1b and gemma3-1b without checkpointing)
+    "hf_lora_extra_per_i": 2.0,
+    # bitsandbytes LLM.int8 layers keep their own copies of each wrapped linear's input (bytes per
+    # input element; one configuration, llama-1b lora-8bit)
+    "int8_extra_per_input": 1.5,
     "overhead_gib": 0.25,  # cuBLAS workspaces, allocator rounding, small buffers
 }
 TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK = 4096, 32768  # trl/kernels/chunked_logprob.py (TRL 1.15)
@@ -274,17 +282,24 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     parts["optimizer_states"] = states
     # -- activations
     k = st.kernels
-    lb = layer_bytes(s, k, e) * tokens
+    per_tok = layer_bytes(s, k, e) * (CAL["unsloth_layer_factor"] if k == "unsloth" else 1)
+    if st.method == "lora" and k != "unsloth":  # PEFT's fp32 adapters
+        per_tok += CAL["hf_lora_extra_per_i"] * s.intermediate * max(1, s.experts_per_token)
+    lb = per_tok * tokens
+    # bitsandbytes' int8 matmul keeps its state on the autograd context, outside save_for_backward,
+    # so checkpointing does not free it: every layer's stays until backward
+    int8 = (CAL["int8_extra_per_input"] * sum(a * c for a, b, c in s.linear_shapes().values()) * tokens
+            * s.layers if st.method == "lora-8bit" and k != "unsloth" else 0)
     boundary = s.hidden * e * tokens  # one layer's input
     host = 0.0
     # sliding-window layers under HF's sdpa get an explicit bf16 mask [b, 1, s, s], kept once for all
-    mask = st.batch * st.seq * st.seq * 2 if s.sliding_window and k != "unsloth" else 0
+    kept = int8 + (st.batch * st.seq * st.seq * 2 if s.sliding_window and k != "unsloth" else 0)
     if st.gc == "off":
-        saved = s.layers * lb + mask
-        tail = CAL["bwd_layers"][k] * lb
+        saved = s.layers * lb + kept
+        tail = CAL["bwd_layers"][k] * lb + kept
     elif st.gc == "on":  # each layer's input kept; one layer recomputed at a time in backward
-        saved = s.layers * boundary
-        tail = CAL["bwd_layers"][k] * lb + s.layers * boundary
+        saved = s.layers * boundary + kept
+        tail = CAL["bwd_layers"][k] * lb + s.layers * boundary + kept
     else:  # Unsloth offloads each layer's input to host memory and recomputes the layer
         saved = CAL["unsloth_offload_layers"] * lb + boundary
         tail = saved
@@ -396,3 +411,69 @@ def render_table(s: Shape, ests: list[Estimate], device_bytes: float | None, pic
                      f"{e.parts['optimizer_states'] / GiB:.1f} | {e.parts['activations_peak'] / GiB:.1f} | "
                      f"{e.peak_gib:.1f} | {e.host / GiB:.1f} | {fits} | {pick} |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- finetune
+
+
+@dataclass
+class TrainPlan:
+    shape: Shape
+    setting: Setting  # what will run (checkpointing resolved)
+    decision: Decision
+    device_bytes: float | None
+    table: str
+
+    def banner(self) -> str:
+        e = estimate(self.shape, self.setting)
+        return (f"memory plan: predicted peak {e.peak_gib:.1f} GiB per device"
+                + (f" of {self.device_bytes / GiB:.1f} GiB" if self.device_bytes else "")
+                + f"; gradient checkpointing {self.decision.gradient_checkpointing} ({self.decision.reason})")
+
+
+def device_memory(override: str | None = None) -> float | None:
+    """`--device-memory`, else the free memory of this rank's GPU, else None (CPU)."""
+    if override:
+        return float(parse_size(override))
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return float(torch.cuda.mem_get_info()[0])
+    except Exception:  # no driver, no device: plan without a device
+        return None
+    return None
+
+
+def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
+                  precision: str = "bf16", device_bytes: float | None = None) -> TrainPlan:
+    """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`."""
+    mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
+    shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
+    t = cfg.train
+    st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
+                 batch=t.per_device_batch_size, seq=cfg.data.max_seq_length, precision=precision,
+                 optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
+                 world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single")
+    dec = decide_checkpointing(shape, st, device_bytes)
+    if t.gradient_checkpointing != "auto":
+        chosen = t.gradient_checkpointing
+        e = estimate(shape, dataclasses.replace(st, gradient_checkpointing=chosen))
+        fits = device_bytes is None or e.peak <= device_bytes
+        dec = Decision(chosen, "set in the config", dec.estimates, fits)
+    final = dataclasses.replace(st, gradient_checkpointing=dec.gradient_checkpointing)
+    rows = dec.estimates + ([estimate(shape, final)] if final not in [e.setting for e in dec.estimates] else [])
+    return TrainPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final))
+
+
+def refusal(p: TrainPlan) -> str | None:
+    """One line saying why the plan cannot fit and what would, or None if it fits."""
+    if p.device_bytes is None:
+        return None
+    e = estimate(p.shape, p.setting)
+    if e.peak <= p.device_bytes:
+        return None
+    alts = alternatives(p.shape, p.setting, p.device_bytes)
+    instead = "; ".join(f"{a.setting.label()} ({a.peak_gib:.1f} GiB)" for a in alts) or "nothing the planner knows"
+    return (f"predicted peak {e.peak_gib:.1f} GiB per device for {p.setting.label()} does not fit "
+            f"{p.device_bytes / GiB:.1f} GiB; would fit: {instead}")

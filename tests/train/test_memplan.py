@@ -140,3 +140,21 @@ def test_sizes_and_longest_sequence():
     n = M.longest_seq(shape, st, 16 * M.GiB)
     assert n > 0 and M.estimate(shape, M.Setting(**{**st.__dict__, "seq": n})).peak <= 16 * M.GiB
     assert M.estimate(shape, M.Setting(**{**st.__dict__, "seq": n + 1024})).peak > 16 * M.GiB
+
+
+def test_planner_within_15_percent_of_the_h200_measurements():
+    """The GPU's measured peaks (docs/bench/memplan-h200.json) against the planner as it is now."""
+    import json
+    from pathlib import Path
+
+    from toolbox_train import memcal
+
+    data = json.loads((Path(__file__).resolve().parents[2] / "docs/bench/memplan-h200.json").read_text())
+    rows = [r for r in data["rows"] if r.get("measured_gib")]
+    assert len(rows) >= 10 and {r["shape"] for r in rows} == {"llama-1b", "qwen3-0.6b", "gemma3-1b"}
+    assert {r["method"] for r in rows} == {"full", "lora", "qlora", "lora-8bit"}
+    assert {str(r["gc"]) for r in rows} >= {"True", "False", "unsloth"} and len({r["seq"] for r in rows}) >= 2
+    for r in rows:
+        shape = M.Shape.from_config(bench.SHAPES[r["shape"]], r["shape"])
+        est = M.estimate(shape, memcal.setting_for(r["backend"], r["method"], r["gc"], r["batch"], r["seq"]))
+        assert abs(est.peak_gib / r["measured_gib"] - 1) <= 0.15, (r["id"], est.peak_gib, r["measured_gib"])
