@@ -18,7 +18,7 @@ CORPUS = ROOT / "tests" / "corpus" / "stacks"
 
 # file -> what the one line must say after "toolbox: error: <file>"
 EXPECT = {
-    "alias-bomb.yaml": r":\d+:\d+: x\d\.\d+: more than 100000 values once aliases are expanded",
+    "alias-bomb.yaml": r":\d+:\d+: x\d\.\d+: aliases expand to more than 100000 values",
     "complex-key.yaml": r":2:3: a list or mapping as a key \(`\? \[a, b\]`\) is not allowed",
     "custom-tag.yaml": r":2:14: description: tag !foo is not allowed",
     "python-tag.yaml": r":2:14: description: tag !!python/object/apply:os.system is not allowed",
@@ -89,7 +89,7 @@ def test_set_values(override, expect, capsys):
 def test_real_processes(tmp_path):
     """The same through a real `python -m toolbox`: a binary file and the alias bomb, quickly."""
     for stack, expect in (("/bin/true", r"/bin/true:\d+:\d+: not UTF-8 text"),
-                          (str(CORPUS / "alias-bomb.yaml"), "more than 100000 values")):
+                          (str(CORPUS / "alias-bomb.yaml"), "aliases expand to more than 100000 values")):
         out = tmp_path / "Dockerfile"
         out.write_text("keep\n")
         r = subprocess.run([sys.executable, "-m", "toolbox", "render", "--stack", stack, "-o", str(out)],

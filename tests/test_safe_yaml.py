@@ -54,8 +54,13 @@ def test_limits_are_parameters():
         load_text("a: {b: {c: 1}}", "f", max_depth=2)
     bomb = "a: &a [1, 1, 1, 1]\nb: &b [*a, *a, *a, *a]\nc: [*b, *b, *b, *b]\n"
     assert len(load_text(bomb, "f").data["c"]) == 4
-    with pytest.raises(SafeYamlError, match="more than 50 values once aliases are expanded"):
+    with pytest.raises(SafeYamlError, match="aliases expand to more than 50 values"):
         load_text(bomb, "f", max_nodes=50)
+
+
+def test_a_large_file_without_aliases_loads():
+    text = "a:\n" + "".join(f"  k{i}: [v{i}, {i}, {{x: {i}}}]\n" for i in range(25000))  # ~0.9 MB, 125k values
+    assert len(text) < safe_yaml.MAX_BYTES and len(load_text(text, "f").data["a"]) == 25000
 
 
 def test_files(tmp_path):

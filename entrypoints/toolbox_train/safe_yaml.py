@@ -11,7 +11,7 @@ the field path:
   list or mapping (`? [a, b]`) or an alias;
 - values: YAML's plain types only (str, int, float, bool, null, timestamp); a tag such as
   `!foo` or `!!python/object` is refused;
-- aliases are allowed, but the values they expand to count against `max_nodes`, so a 1 KB
+- aliases are allowed, but the values they copy in count against `max_nodes`, so a 1 KB
   alias bomb is refused at once instead of growing for minutes; `<<` merge keys work;
 - nesting at most `max_depth` levels.
 
@@ -140,9 +140,10 @@ class _Builder:
         return top.path + ((top.key,) if top.key not in (None, _Merge) else ())
 
     def count(self, n: int, mark) -> None:
+        """Values copied in by aliases (what is written is bounded by the file's size)."""
         self.nodes += n
         if self.nodes > self.max_nodes:
-            self.fail(mark, f"more than {self.max_nodes} values once aliases are expanded (an alias bomb?)")
+            self.fail(mark, f"aliases expand to more than {self.max_nodes} values (an alias bomb?)")
 
     def event(self, ev) -> None:
         if isinstance(ev, yaml.DocumentStartEvent):
@@ -169,7 +170,6 @@ class _Builder:
             self.fail(ev.start_mark, f"tag {ev.tag} is not allowed (plain YAML values only)")
         if len(self.frames) >= self.max_depth:
             self.fail(ev.start_mark, f"nested deeper than {self.max_depth} levels")
-        self.count(1, ev.start_mark)
         if ev.anchor:
             self.open_anchors.add(ev.anchor)
         self.frames.append(_Frame({} if is_map else [], self.path(), ev.anchor, start_mark=ev.start_mark))
@@ -208,7 +208,6 @@ class _Builder:
                                                                       ev.style))
         except Exception as exc:  # noqa: BLE001 (a bad timestamp/number: PyYAML raises several types)
             self.fail(ev.start_mark, f"cannot read {ev.value!r} as {tag.rsplit(':', 1)[-1]}: {exc}")
-        self.count(1, ev.start_mark)
         if ev.anchor:
             self.anchors[ev.anchor] = (value, 1)
         self.add(value, 1, ev.start_mark)
