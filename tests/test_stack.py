@@ -213,3 +213,28 @@ def test_cli_bad_input_exit_2_and_no_output_file(tmp_path):
     r = subprocess.run([sys.executable, "-m", "toolbox", "context", "--stack", "cpu", "--set", "hf.trl=latest",
                         "--output", str(ctx)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and "hf.trl" in r.stderr and not ctx.exists()
+
+
+def test_a_series_patches_verify_refuses_does_not_load(tmp_path):
+    """The stack reads rccl.patches with the parser `toolbox patches verify` uses (one parser)."""
+    from toolbox.errors import UserError
+    from toolbox.rccl.patches import parse_series
+
+    series = tmp_path / "s"
+    series.mkdir()
+    (series / "0001-a.patch").write_text("")
+    p = write(tmp_path, f"""
+        extends: gfx1151
+        rccl:
+          patches: {series}
+        """)
+    for text, problem in (("0001-a.patch\n0001-a.patch\n", "listed twice"),
+                          ("0001-a.patch -p0\n", "unsupported options '-p0'"),
+                          ("../0001-a.patch\n", "must be a path inside"),
+                          ("# only comments\n", "lists no patches")):
+        (series / "series").write_text(text)
+        with pytest.raises(UserError, match=problem):
+            parse_series(series / "series")
+        assert f"{p}:3: rccl.patches: " in err(p) and problem in err(p)
+    (series / "series").unlink()
+    assert f"{p}:3: rccl.patches: " in err(p) and "series file not found" in err(p)
