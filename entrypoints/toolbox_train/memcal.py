@@ -286,7 +286,7 @@ def main(argv=None) -> int:
     else:
         os.environ.setdefault("UNSLOTH_DISABLE_AUTO_PADDING_FREE", "1")
         if a.backend == "unsloth":
-            import unsloth  # noqa: F401
+            import unsloth  # noqa: F401  (before transformers/trl/peft)
         run_probe(a.shape, a.variant, a.out, a.workdir, a.warmup, a.steps, a.profile, a.backend, a.method)
     return 0
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from toolbox_train import bench, memplan as M
+from toolbox_train import bench, memplan as M, planner as P
 
 TINY = ["tiny-llama", "tiny-qwen3", "tiny-gemma3"]
 
@@ -118,16 +118,16 @@ def test_activation_terms_scale_with_tokens():
 def test_auto_checkpointing_decisions():
     shape = M.Shape.from_config(bench.SHAPES["llama-1b"], "llama-1b")
     st = M.Setting(method="full", backend="hf", liger=True, batch=8, seq=2048)
-    d = M.decide_checkpointing(shape, st, 139 * M.GiB)
+    d = P.decide_checkpointing(shape, st, 139 * M.GiB)
     assert d.gradient_checkpointing is False and "off" in d.reason
-    d = M.decide_checkpointing(shape, st, 24 * M.GiB)  # fits only with checkpointing
+    d = P.decide_checkpointing(shape, st, 24 * M.GiB)  # fits only with checkpointing
     assert d.gradient_checkpointing is True and d.fits
-    d = M.decide_checkpointing(shape, st, 4 * M.GiB)
+    d = P.decide_checkpointing(shape, st, 4 * M.GiB)
     assert d.gradient_checkpointing is True and not d.fits
-    assert M.alternatives(shape, st, 4 * M.GiB)  # something smaller would fit
-    d = M.decide_checkpointing(shape, M.Setting(method="lora", backend="unsloth"), 139 * M.GiB)
+    assert P.alternatives(shape, st, 4 * M.GiB)  # something smaller would fit
+    d = P.decide_checkpointing(shape, M.Setting(method="lora", backend="unsloth"), 139 * M.GiB)
     assert d.gradient_checkpointing == "unsloth"
-    assert M.decide_checkpointing(shape, st, None).gradient_checkpointing is True
+    assert P.decide_checkpointing(shape, st, None).gradient_checkpointing is True
 
 
 def test_sizes_and_longest_sequence():
@@ -137,7 +137,7 @@ def test_sizes_and_longest_sequence():
         M.parse_size("lots")
     shape = M.Shape.from_config(bench.SHAPES["llama-1b"])
     st = M.Setting(method="lora", backend="unsloth", gradient_checkpointing="unsloth")
-    n = M.longest_seq(shape, st, 16 * M.GiB)
+    n = P.longest_seq(shape, st, 16 * M.GiB)
     assert n > 0 and M.estimate(shape, M.Setting(**{**st.__dict__, "seq": n})).peak <= 16 * M.GiB
     assert M.estimate(shape, M.Setting(**{**st.__dict__, "seq": n + 1024})).peak > 16 * M.GiB
 
@@ -158,3 +158,17 @@ def test_planner_within_15_percent_of_the_h200_measurements():
         shape = M.Shape.from_config(bench.SHAPES[r["shape"]], r["shape"])
         est = M.estimate(shape, memcal.setting_for(r["backend"], r["method"], r["gc"], r["batch"], r["seq"]))
         assert abs(est.peak_gib / r["measured_gib"] - 1) <= 0.15, (r["id"], est.peak_gib, r["measured_gib"])
+
+
+def test_public_shapes_and_the_strix_table():
+    # parameter counts of the public models (their model cards): the config dicts are right
+    want = {"gemma-3-4b": 4.3, "gemma-3-12b": 12.2, "gemma-3-27b": 27.4, "qwen3-8b": 8.2, "qwen3-14b": 14.8,
+            "qwen3-32b": 32.8, "llama-3.1-8b": 8.0, "gpt-oss-20b": 20.9}
+    for name, b in want.items():
+        assert M.Shape.from_config(P.PUBLIC_SHAPES[name]).n_params() / 1e9 == pytest.approx(b, abs=0.06), name
+    rows = {(r["model"], r["backend"], r["method"]): r for r in P.strix_rows(128 * M.GiB)}
+    assert rows[("gemma-3-27b", "hf", "full")]["longest_seq"] == 0  # 27B full does not fit 128 GiB
+    for name in want:
+        assert rows[(name, "hf", "qlora")]["longest_seq"] >= rows[(name, "hf", "lora")]["longest_seq"]
+        assert rows[(name, "hf", "qlora")]["peak_gib_at_512"] < rows[(name, "hf", "lora")]["peak_gib_at_512"]
+    assert "does not fit" in P.render_strix(list(rows.values()))

@@ -1,0 +1,267 @@
+"""Decisions from the memory planner: `gradient_checkpointing: auto`, what fits, the `--plan` table.
+
+memplan.py is the arithmetic; this module chooses with it (finetune/launch `--plan`,
+`python -m toolbox_train.planner` for a table from a config.json or a known public shape).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .memplan import GiB, Estimate, Setting, Shape, estimate, parse_size
+
+SAFETY = 0.85  # plan to use at most 85% of the device: the planner is calibrated to about +-15%
+
+
+def candidates(s: Shape, st: Setting) -> list[Setting]:
+    """The configured setting and its checkpointing alternatives (the fastest first)."""
+    gcs = [False, "unsloth"] if st.backend == "unsloth" else [False, True]
+    return [dataclasses.replace(st, gradient_checkpointing=g) for g in gcs]
+
+
+@dataclass
+class Decision:
+    gradient_checkpointing: bool | str
+    reason: str
+    estimates: list[Estimate] = field(default_factory=list)
+    fits: bool = True
+
+
+def decide_checkpointing(s: Shape, st: Setting, device_bytes: float | None) -> Decision:
+    """`train.gradient_checkpointing: auto`: off where the plan fits with the safety margin.
+
+    Unsloth keeps its offloaded checkpointing (what its bare loop runs; off is not measured to
+    be faster on the shapes benchmarked, and it costs memory).
+    """
+    ests = [estimate(s, c) for c in candidates(s, st)]
+    off, on = ests
+    if st.backend == "unsloth":
+        return Decision("unsloth", "backend unsloth: its offloaded checkpointing (as its own loop runs it)",
+                        ests, device_bytes is None or on.peak <= device_bytes)
+    if device_bytes is None:
+        return Decision(True, "no device memory known (CPU, no --device-memory): checkpointing on", ests)
+    budget = SAFETY * device_bytes
+    if off.peak <= budget:
+        return Decision(False, f"predicted {off.peak_gib:.1f} GiB without checkpointing fits "
+                               f"{SAFETY:.0%} of {device_bytes / GiB:.0f} GiB: off (faster)", ests)
+    fits = on.peak <= device_bytes
+    return Decision(True, f"without checkpointing {off.peak_gib:.1f} GiB > {SAFETY:.0%} of "
+                          f"{device_bytes / GiB:.0f} GiB: on ({on.peak_gib:.1f} GiB)", ests, fits)
+
+
+def alternatives(s: Shape, st: Setting, device_bytes: float) -> list[Estimate]:
+    """What would fit instead, cheapest change first: checkpointing, smaller batch, QLoRA, shorter sequence."""
+    out = []
+    trials = [dataclasses.replace(st, gradient_checkpointing="unsloth" if st.backend == "unsloth" else True)]
+    b = st.batch
+    while b > 1:
+        b //= 2
+        trials.append(dataclasses.replace(trials[0], batch=b))
+    for m in ("lora", "qlora"):
+        if m != st.method:
+            trials.append(dataclasses.replace(trials[0], method=m, batch=1))
+    seq = st.seq
+    while seq > 256:
+        seq //= 2
+        trials.append(dataclasses.replace(trials[0], batch=1, seq=seq))
+    for t in trials:
+        e = estimate(s, t)
+        if e.peak <= device_bytes:
+            out.append(e)
+    return out[:3]
+
+
+def longest_seq(s: Shape, st: Setting, device_bytes: float, cap: int | None = None) -> int:
+    """Longest sequence (multiple of 1024) at the setting's batch whose plan fits, 0 if none."""
+    cap = cap or s.max_position or 131072
+    lo, hi = 0, cap // 1024
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate(s, dataclasses.replace(st, seq=mid * 1024)).peak <= device_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * 1024
+
+
+def render_table(s: Shape, ests: list[Estimate], device_bytes: float | None, picked: Setting | None) -> str:
+    dev = f"{device_bytes / GiB:.1f} GiB" if device_bytes else "unknown"
+    lines = [f"plan for {s.name or s.model_type}: {s.n_params() / 1e9:.2f}B parameters, device memory {dev}",
+             "| setting | weights | opt. states | activations | peak GiB | host GiB | fits | picked |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
+    for e in ests:
+        fits = "-" if not device_bytes else "yes" if e.peak <= SAFETY * device_bytes else \
+            "tight" if e.peak <= device_bytes else "NO"
+        pick = "<-" if picked is not None and e.setting == picked else ""
+        lines.append(f"| {e.setting.label()} | {e.parts['weights'] / GiB:.1f} | "
+                     f"{e.parts['optimizer_states'] / GiB:.1f} | {e.parts['activations_peak'] / GiB:.1f} | "
+                     f"{e.peak_gib:.1f} | {e.host / GiB:.1f} | {fits} | {pick} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- finetune
+
+
+@dataclass
+class TrainPlan:
+    shape: Shape
+    setting: Setting  # what will run (checkpointing resolved)
+    decision: Decision
+    device_bytes: float | None
+    table: str
+
+    def banner(self) -> str:
+        e = estimate(self.shape, self.setting)
+        return (f"memory plan: predicted peak {e.peak_gib:.1f} GiB per device"
+                + (f" of {self.device_bytes / GiB:.1f} GiB" if self.device_bytes else "")
+                + f"; gradient checkpointing {self.decision.gradient_checkpointing} ({self.decision.reason})")
+
+
+def device_memory(override: str | None = None) -> float | None:
+    """`--device-memory`, else the free memory of this rank's GPU, else None (CPU)."""
+    if override:
+        return float(parse_size(override))
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return float(torch.cuda.mem_get_info()[0])
+    except Exception:  # no driver, no device: plan without a device
+        return None
+    return None
+
+
+def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
+                  precision: str = "bf16", device_bytes: float | None = None) -> TrainPlan:
+    """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`."""
+    mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
+    shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
+    t = cfg.train
+    st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
+                 batch=t.per_device_batch_size, seq=cfg.data.max_seq_length, precision=precision,
+                 optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
+                 world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single")
+    dec = decide_checkpointing(shape, st, device_bytes)
+    if t.gradient_checkpointing != "auto":
+        chosen = t.gradient_checkpointing
+        e = estimate(shape, dataclasses.replace(st, gradient_checkpointing=chosen))
+        fits = device_bytes is None or e.peak <= device_bytes
+        dec = Decision(chosen, "set in the config", dec.estimates, fits)
+    final = dataclasses.replace(st, gradient_checkpointing=dec.gradient_checkpointing)
+    rows = dec.estimates + ([estimate(shape, final)] if final not in [e.setting for e in dec.estimates] else [])
+    return TrainPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final))
+
+
+def refusal(p: TrainPlan) -> str | None:
+    """One line saying why the plan cannot fit and what would, or None if it fits."""
+    if p.device_bytes is None:
+        return None
+    e = estimate(p.shape, p.setting)
+    if e.peak <= p.device_bytes:
+        return None
+    alts = alternatives(p.shape, p.setting, p.device_bytes)
+    instead = "; ".join(f"{a.setting.label()} ({a.peak_gib:.1f} GiB)" for a in alts) or "nothing the planner knows"
+    return (f"predicted peak {e.peak_gib:.1f} GiB per device for {p.setting.label()} does not fit "
+            f"{p.device_bytes / GiB:.1f} GiB; would fit: {instead}")
+
+
+# ---------------------------------------------------------------------------------- public shapes
+
+_SIGLIP = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, patch_size=14, image_size=896)
+
+
+def _gemma3(h, i, L, nh, nkv, hd):
+    return {"model_type": "gemma3", "tie_word_embeddings": True, "vision_config": _SIGLIP,
+            "text_config": dict(model_type="gemma3_text", hidden_size=h, intermediate_size=i, num_hidden_layers=L,
+                                num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd, vocab_size=262208,
+                                sliding_window=1024, max_position_embeddings=131072)}
+
+
+def _dense(mt, h, i, L, nh, nkv, vocab, max_pos, hd=128, tied=False):
+    return dict(model_type=mt, hidden_size=h, intermediate_size=i, num_hidden_layers=L, num_attention_heads=nh,
+                num_key_value_heads=nkv, head_dim=hd, vocab_size=vocab, tie_word_embeddings=tied,
+                max_position_embeddings=max_pos)
+
+
+# The numbers of the public config.json files that memory depends on (no weights downloaded).
+PUBLIC_SHAPES = {
+    "gemma-3-4b": _gemma3(2560, 10240, 34, 8, 4, 256),
+    "gemma-3-12b": _gemma3(3840, 15360, 48, 16, 8, 256),
+    "gemma-3-27b": _gemma3(5376, 21504, 62, 32, 16, 128),
+    "qwen3-8b": _dense("qwen3", 4096, 12288, 36, 32, 8, 151936, 40960),
+    "qwen3-14b": _dense("qwen3", 5120, 17408, 40, 40, 8, 151936, 40960),
+    "qwen3-32b": _dense("qwen3", 5120, 25600, 64, 64, 8, 151936, 40960),
+    "llama-3.1-8b": _dense("llama", 4096, 14336, 32, 32, 8, 128256, 131072),
+    "gpt-oss-20b": {**_dense("gpt_oss", 2880, 2880, 24, 64, 8, 201088, 131072, hd=64), "num_local_experts": 32,
+                    "num_experts_per_tok": 4, "attention_bias": True, "sliding_window": 128},
+}
+
+
+def strix_rows(device_bytes: float = 128 * GiB, models=tuple(PUBLIC_SHAPES)) -> list[dict]:
+    """Per model, method and backend: the longest sequence at batch 1 that the plan fits (unified memory:
+    Unsloth's offloaded activations count too)."""
+    rows = []
+    for name in models:
+        shape = Shape.from_config(PUBLIC_SHAPES[name], name)
+        for backend in ("hf", "unsloth"):
+            for method in ("full", "lora", "qlora", "lora-8bit"):
+                if backend == "unsloth" and method == "lora-8bit":
+                    continue  # not calibrated on Unsloth
+                st = Setting(method=method, backend=backend, liger=backend == "hf", batch=1, seq=1024,
+                             gradient_checkpointing="unsloth" if backend == "unsloth" else True,
+                             unified_memory=True)
+                n = longest_seq(shape, st, device_bytes)
+                at = estimate(shape, dataclasses.replace(st, seq=max(n, 1024)))
+                at512 = estimate(shape, dataclasses.replace(st, seq=512))
+                rows.append({"model": name, "params_b": shape.n_params() / 1e9, "backend": backend, "method": method,
+                             "longest_seq": n, "peak_gib_at_longest": at.peak_gib if n else None,
+                             "peak_gib_at_512": at512.peak_gib})
+    return rows
+
+
+def render_strix(rows: list[dict]) -> str:
+    lines = ["| model | params | backend | method | longest seq, batch 1 | GiB there | GiB at seq 512 |",
+             "|---|---:|---|---|---:|---:|---:|"]
+    for r in rows:
+        seq = f"{r['longest_seq']:,}" if r["longest_seq"] else "does not fit"
+        there = f"{r['peak_gib_at_longest']:.0f}" if r["peak_gib_at_longest"] else "-"
+        lines.append(f"| {r['model']} | {r['params_b']:.1f}B | {r['backend']} | {r['method']} | {seq} | {there} | "
+                     f"{r['peak_gib_at_512']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
+    ap.add_argument("--strix", action="store_true", help="the table for the known public shapes")
+    ap.add_argument("--device-memory", default="128GiB")
+    ap.add_argument("--model", help=f"a config.json, or one of: {', '.join(PUBLIC_SHAPES)}")
+    a = ap.parse_args(argv)
+    try:
+        dev = parse_size(a.device_memory)
+    except ValueError as exc:
+        print(f"planner: error: --device-memory {exc}", file=sys.stderr)
+        return 2
+    if a.model:
+        if a.model in PUBLIC_SHAPES:
+            cfg = PUBLIC_SHAPES[a.model]
+        else:
+            try:
+                cfg = json.loads(Path(a.model).read_text())
+            except (OSError, ValueError) as exc:
+                print(f"planner: error: --model {a.model}: {exc}", file=sys.stderr)
+                return 2
+        PUBLIC_SHAPES.setdefault(a.model, cfg)
+        print(render_strix(strix_rows(dev, (a.model,))))
+        return 0
+    print(render_strix(strix_rows(dev)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
