@@ -19,19 +19,13 @@ from typing import Any
 
 import yaml
 
-from . import finetune
+from . import finetune, rdma
 from .errors import ToolError, UserError
 from .files import atomic_write
 from .plan import LAUNCH_DIR, plan
 from .sync import ENV as SYNC_ENV, parse_sync
 
 HERE = Path(__file__).resolve().parent
-RDMA_ENV = {  # RoCE defaults that held up on Strix Halo clusters; any already set win
-    "NCCL_IB_DISABLE": "0",
-    "NCCL_IB_TIMEOUT": "23",
-    "NCCL_IB_RETRY_CNT": "7",
-    "NCCL_IB_GID_INDEX": "3",
-}
 
 
 def shipped_config(name: str) -> Path:
@@ -59,6 +53,12 @@ def interface_for(addr: str) -> str:
         if any(a.family == socket.AF_INET and a.address == local for a in addrs):
             return name
     raise UserError(f"--master-addr {addr}: no interface holds the local address {local}; pass --ifname")
+
+
+def ipv4_of(ifname: str) -> str | None:
+    import psutil
+
+    return next((a.address for a in psutil.net_if_addrs().get(ifname, []) if a.family == socket.AF_INET), None)
 
 
 def free_port() -> int:
@@ -154,10 +154,19 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     ifname = args.ifname or (interface_for(args.master_addr) if (multinode or args.master_addr) else None)
     if ifname:
         env.update(NCCL_SOCKET_IFNAME=ifname, GLOO_SOCKET_IFNAME=ifname)
-    if multinode or args.master_addr:
-        env.update({"NCCL_IB_DISABLE": "1"} if args.transport == "ethernet" else RDMA_ENV)
+    reasons: dict[str, str] = {}
+    if (multinode or args.master_addr) and args.transport == "ethernet":
+        env["NCCL_IB_DISABLE"] = "1"
+    elif multinode or args.master_addr:
+        # Per GPU (gfx1151 differs) and per NIC (the device and GID entry read from sysfs).
+        for s in rdma.settings(rdma.detect_gpu_arch(), rdma.read_ports(), ifname, ipv4_of(ifname) if ifname else None):
+            if s.value is not None:
+                env[s.name] = s.value
+            reasons[s.name] = s.reason if s.value is not None or s.name not in os.environ else "from the environment"
     for k in list(env):
         if k in os.environ and k not in (SYNC_ENV, "CUDA_VISIBLE_DEVICES"):
+            if k in reasons and env[k] != os.environ[k]:
+                reasons[k] = f"from the environment (launch would set {env[k]}: {reasons[k]})"
             env[k] = os.environ[k]  # the user's explicit setting wins
 
     launch_dir = p.out / LAUNCH_DIR
@@ -166,7 +175,7 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc_path),
                "--max_restarts", str(args.max_restarts), "-m", "toolbox_train.finetune", *cmd[1:]]
     return {"args": args, "plan": p, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,
-            "env": env, "command": command, "world": world, "nproc": nproc, "cpu": cpu}
+            "env": env, "reasons": reasons, "command": command, "world": world, "nproc": nproc, "cpu": cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,13 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         "gradient_accumulation_steps": p.grad_accum, "accelerate_config": str(r["acc_path"]),
         "env": r["env"], "command": shlex.join(r["command"]),
     }
+    if r["reasons"]:
+        shown = {**os.environ, **r["env"]}
+        settings["rdma"] = {k: f"{shown.get(k, '(unset)')}  # {why}" for k, why in r["reasons"].items()}
     if a.strategy == "fsdp":
         settings["fsdp_wrap"] = r["accelerate"]["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
     atomic_write(r["acc_path"], yaml.safe_dump(r["accelerate"], sort_keys=False))
     atomic_write(r["launch_dir"] / f"settings.node{a.node_rank}.json", json.dumps(settings, indent=2) + "\n")
     print("launch: resolved settings", file=sys.stderr)
     for k, v in settings.items():
-        print(f"  {k}: {v}", file=sys.stderr)
+        if isinstance(v, dict) and k == "rdma":
+            print(f"  {k}:", file=sys.stderr)
+            for name, line in v.items():
+                print(f"    {name}={line}", file=sys.stderr)
+        else:
+            print(f"  {k}: {v}", file=sys.stderr)
     sys.stderr.flush()
     if a.dry_run:
         return 0

@@ -16,8 +16,12 @@ RUN --mount=type=secret,id=ca \
       findutils \
       gzip \
       hostname \
+      ibverbs-providers \
+      ibverbs-utils \
       iproute2 \
       less \
+      libibverbs1 \
+      librdmacm1 \
       lsof \
       passwd \
       pinentry-curses \

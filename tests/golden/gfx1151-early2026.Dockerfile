@@ -19,6 +19,9 @@ RUN --mount=type=secret,id=ca \
       iproute \
       less \
       libatomic \
+      libibverbs \
+      libibverbs-utils \
+      librdmacm \
       lsof \
       numactl-libs \
       passwd \

@@ -20,6 +20,7 @@ from toolbox.cluster.probe import HostInfo, Prober, differences
 from toolbox.cluster.runner import NodeJob, Runner, failure_reason
 from toolbox.cluster.ssh import SshClient
 from toolbox.errors import ToolError, UserError
+from toolbox_train.rdma import choose
 
 ALLREDUCE_SOURCE = (Path(__file__).parent / "allreduce.py").read_text()
 
@@ -158,6 +159,24 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return _run_nodes(args, console, ssh, infos, master_addr, target, node_argv, hint)
 
 
+def rdma_report(infos: list[HostInfo]) -> list[str]:
+    """Per host: the RDMA port, GID table entry and NCCL_IB_HCA that `launch --transport rdma`
+    will use there (toolbox_train.rdma.choose on the same sysfs data, read over SSH)."""
+    lines = []
+    for info in infos:
+        ifname = info.host.ifname
+        choice, why = choose(info.rdma_ports, ifname, info.addr_on(ifname) if ifname else None)
+        head = f"cluster check: rdma on {info.host.destination}:"
+        if choice is None:
+            lines.append(f"{head} {why}; launch sets no NCCL_IB_HCA and falls back to GID 1 (gfx1151) or 3")
+            continue
+        p, g = choice.port, choice.gid
+        entry = (f"GID {g.index} = {g.gid} ({g.type}, {g.ndev})" if g else "no RoCE v2 IPv4 GID entry")
+        lines.append(f"{head} device {p.device} port {p.port} ({p.state}, {p.link_layer}), {entry}; "
+                     f"NCCL_IB_HCA={'=' + p.hca}" + (f" NCCL_IB_GID_INDEX={g.index}" if g else "") + f" ({choice.why})")
+    return lines
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     console = _console()
     hosts, ssh, prober, target = _setup(args)
@@ -167,6 +186,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     console.print(_host_table(infos, master_addr))
     _verify_same(console, infos, args.via, args.allow_mismatch)
     _mtu_note(console, infos)
+    if args.transport == "rdma":
+        for line in rdma_report(infos):
+            console.print(line, markup=False)
 
     # `launch` runs only finetune, so the check starts its one rank per node itself, on the same
     # SSH path, with the same per-host interface environment and master address.

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from toolbox.cluster.hosts import Host
 from toolbox.cluster.ssh import SshClient
 from toolbox.errors import ToolError, UserError
+from toolbox_train.rdma import SYSFS_PROBE, Port, parse_probe as parse_rdma
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "safetensors",
             "toolbox-train", "strix-toolbox", "unsloth", "bitsandbytes", "triton", "pytorch-triton-rocm")
@@ -34,6 +35,7 @@ ip -o link show 2>/dev/null | sed -n 's/^[0-9]*: \([^:@]*\)[^ ]*: .* mtu \([0-9]
 if [ -n "$master" ]; then echo "route	$(ip -o route get "$master" 2>/dev/null)"; fi
 for d in /dev/kfd /dev/dri /dev/infiniband /dev/nvidiactl; do [ -e "$d" ] && echo "dev	$d"; done
 for r in /sys/class/infiniband/*; do [ -e "$r" ] && echo "rdma	${r##*/}"; done
+""" + SYSFS_PROBE + r"""
 case "$mode" in
   none) python3 -c "$4" || echo "error	python3 failed on this host" ;;
   podman) podman image inspect --format "$fmt" "$target" 2>&1 | sed 's/^/image	/' ;;
@@ -54,6 +56,7 @@ class HostInfo:
     route_dev: str | None = None
     devices: list[str] = field(default_factory=list)
     rdma: list[str] = field(default_factory=list)
+    rdma_ports: list[Port] = field(default_factory=list)  # ports and GID tables, as `launch` reads them
     software: dict[str, str] = field(default_factory=dict)  # what must match across hosts
     errors: list[str] = field(default_factory=list)
 
@@ -111,6 +114,7 @@ def parse_probe(host: Host, text: str) -> HostInfo:
                     info.software[f"label {label.removeprefix('io.github.toolbox.')}"] = v
         elif key == "error":
             info.errors.append(value)
+    info.rdma_ports = parse_rdma(text.splitlines())
     return info
 
 

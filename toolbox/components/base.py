@@ -19,6 +19,15 @@ RUNTIME_PACKAGES = {
     "fedora": ["ca-certificates", "curl", "gzip", "libatomic", "numactl-libs", "xz"],
     "debian": ["ca-certificates", "curl", "gzip", "python3-venv", "xz-utils"],
 }
+# Multi-node RDMA (RoCE/InfiniBand): libibverbs with the user-space NIC providers, which RCCL/NCCL
+# load at run time (without one for the NIC they fall back to TCP sockets). Fedora's libibverbs
+# carries every provider (mlx5, irdma, bnxt_re, ...; rdma-core's redhat/rdma-core.spec);
+# Debian's are in ibverbs-providers (bookworm 44.0: libmlx5, libirdma, libbnxt_re). The utils
+# give ibv_devinfo to look at a node's devices and GID tables.
+RDMA_PACKAGES = {
+    "fedora": ["libibverbs", "libibverbs-utils", "librdmacm"],
+    "debian": ["ibverbs-providers", "ibverbs-utils", "libibverbs1", "librdmacm1"],
+}
 # Compilers and sources: builder stages only, never the runtime stage.
 DEVEL_PACKAGES = {
     "fedora": ["ccache", "cmake", "gcc-c++", "git-core", "make", "ninja-build", "patch", "python3-devel"],
@@ -34,6 +43,8 @@ def os_packages(stack, kind: str) -> list[str]:
         pkgs.append(stack.base.python)
     if kind == "runtime" and fam == "debian":
         pkgs.append("python3")
+    if kind == "runtime" and stack.platform in ("rocm", "cuda"):
+        pkgs += RDMA_PACKAGES[fam]  # GPU images train across nodes; the cpu image uses gloo over TCP
     return sorted(set(pkgs))
 
 
