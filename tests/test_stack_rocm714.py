@@ -72,3 +72,12 @@ def test_toolbox_stacks_lists_the_rocm714_stack_and_its_unverified_pins():
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("gfx1151-rocm7.14\t"))
     assert "rocm=7.14.0" in line and "torch=2.11.0+rocm7.14.0" in line and "rccl=2b22ab0195cc" in line
     assert line.endswith("unverified=base,rocm.tarball,torch")
+
+
+def test_rocm714_rccl_stage_builds_the_tagged_commit_without_a_series():
+    text = render_dockerfile(load_stack("gfx1151-rocm7.14"))
+    stage = text[text.index("FROM devel AS rccl-build"):]
+    stage = stage[:stage.index("\nFROM ")]
+    assert "git-fetch.sh https://github.com/ROCm/rocm-systems 2b22ab0195cc1461cd9abf3b969e9dd7c10af350" in stage
+    assert "apply-patches.sh" not in stage and "-DENABLE_AMDSMI=ON" in stage
+    assert '-DGPU_TARGETS="gfx1151"' in stage
