@@ -163,6 +163,9 @@ RUN --mount=type=secret,id=ca \
       'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
       torchaudio==2.11.0+rocm7.14.0 \
  && rm -rf /tmp/bnb /tmp/bnb.sha256
+# The wheel's ROCm 7.14.0 library (what bitsandbytes picks for this ROCm) must load
+# against this image's ROCm: its RUNPATH is /opt/rocm/lib (hipBLAS, hipBLASLt, rocRAND). No GPU needed.
+RUN /opt/venv/bin/python -c 'import ctypes, importlib.util, os; d = importlib.util.find_spec("bitsandbytes").submodule_search_locations[0]; ctypes.CDLL(os.path.join(d, "libbitsandbytes_rocm714.so")); print("loads:", "libbitsandbytes_rocm714.so")'
 
 # Hugging Face stack; torch is named again so pip cannot swap it
 RUN --mount=type=secret,id=ca \

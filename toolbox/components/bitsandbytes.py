@@ -13,6 +13,12 @@ def _pins(stack):
             "bitsandbytes.wheel_sha256": b.wheel_sha256 or "unverified"}
 
 
+def rocm_library(stack) -> str:
+    """The library bitsandbytes loads for the stack's ROCm: libbitsandbytes_rocm<major><minor>.so."""
+    major, minor = stack.rocm.version.split(".")[:2]
+    return f"libbitsandbytes_rocm{major}{minor}.so"
+
+
 def _built(stack) -> bool:
     return stack.bitsandbytes.source == "git"
 
@@ -21,4 +27,5 @@ COMPONENT = Component(
     "bitsandbytes", applies=lambda s: s.bitsandbytes is not None and s.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
     builds=_built, needs_devel=_built,
+    variables=lambda s, lock: {"bnb_rocm_lib": rocm_library(s)},
 )
