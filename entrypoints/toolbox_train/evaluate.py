@@ -1,0 +1,263 @@
+"""`evaluate --run RUN [--data FILE] [--backend llama|hf] [--prompts FILE]`.
+
+Perplexity of the base model and of the fine-tuned one on held-out text, side by side, written
+to RUN/eval.json. The default backend runs llama.cpp's llama-perplexity on GGUF files in a
+separate process (an in-process HF eval of a large model can exhaust a unified-memory APU);
+`--backend hf` computes the same quantity in-process: the text cut into chunks of --ctx tokens
+(BOS first where the vocabulary adds one), each chunk's second half scored, as llama-perplexity does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from . import llamacpp
+from .errors import ToolError, UserError
+from .runs import RunModel, find_finished, rows_to_texts
+
+
+def say(msg: str) -> None:
+    print(f"evaluate: {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- held-out text
+
+
+def load_texts(rm: RunModel, data: str | None, tok) -> list[str]:
+    if data is None:
+        return rm.eval_texts(tok)
+    path = Path(data)
+    if not path.is_file():
+        raise UserError(f"--data {path}: no such file")
+    if path.suffix.lower() == ".txt":
+        return [path.read_text(errors="replace")]
+    from .data import load_raw, shape
+
+    ds, _ = shape(load_raw(str(path.resolve()), "train", Path.cwd(), "--data"), "auto", "text", str(path))
+    return rows_to_texts(ds, tok)
+
+
+def add_bos(tok) -> bool:
+    ids = tok("a")["input_ids"]
+    return tok.bos_token_id is not None and bool(ids) and ids[0] == tok.bos_token_id
+
+
+def hf_perplexity(model, ids: list[int], ctx: int, bos: int | None) -> dict:
+    """llama-perplexity's computation on an HF model (see the module docstring)."""
+    import torch
+
+    first = ctx // 2
+    n_chunk = len(ids) // ctx
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(n_chunk):
+            chunk = list(ids[i * ctx:(i + 1) * ctx])
+            if bos is not None:
+                chunk[0] = bos
+            logits = model(torch.tensor([chunk], device=model.device)).logits[0].float()
+            lp = torch.log_softmax(logits[first:ctx - 1], dim=-1)
+            tgt = torch.tensor(chunk[first + 1:ctx], device=lp.device)
+            nll -= lp.gather(1, tgt[:, None]).sum().item()
+            count += ctx - 1 - first
+    return {"ppl": math.exp(nll / count), "ctx": ctx, "chunks": n_chunk, "scored_tokens": count}
+
+
+# ---------------------------------------------------------------- models per backend
+
+
+def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
+    """The GGUF of the fine-tuned (`export`'s, made if missing) or of the base model (cached in RUN/eval)."""
+    from . import export
+
+    if which == "finetuned":
+        have = rm.run / "export" / "gguf" / f"model-{quant}.gguf"
+        if have.is_file():
+            return have
+        out = rm.run / "eval" / f"finetuned-{quant}"
+        argv = ["--run", str(rm.run), "--to", "gguf", "--quant", quant, "--out", str(out), "--llama-cpp", str(tools.root)]
+    else:
+        out = rm.run / "eval" / f"base-{quant}"
+        base = rm.resolved["model"]["path"]
+        if not (Path(base) / "config.json").is_file():
+            raise UserError(f"base model {base}: not a local folder here (needed to convert it to GGUF)")
+        argv = None
+    f = out / f"model-{quant}.gguf"
+    if f.is_file():
+        return f
+    if argv is not None:
+        export.execute(export.check(export.build_parser().parse_args(argv)))
+        return f
+    # The base: convert (and quantize) straight from its folder, atomically like export.
+    conv = export.conversion_type([quant])
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        say(f"converting the base model {base} to GGUF {conv}")
+        llamacpp.convert(tools, Path(base), tmp / f"model-{conv}.gguf", conv)
+        if quant != conv:
+            llamacpp.quantize(tools, tmp / f"model-{conv}.gguf", tmp / f"model-{quant}.gguf", quant)
+            (tmp / f"model-{conv}.gguf").unlink()
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return f
+
+
+def _hf_model(path: str, adapter: Path | None = None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    return model.eval()
+
+
+def _hf_generate(model, tok, prompt: str, n: int) -> str:
+    import torch
+
+    enc = tok(prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+    return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+# ---------------------------------------------------------------- command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="evaluate", description="Perplexity (and greedy completions) of the base "
+                                 "and the fine-tuned model, side by side.")
+    ap.add_argument("--run", required=True, help="the finetune output folder")
+    ap.add_argument("--data", help="held-out text: .txt, or a dataset file like finetune's (default: the run's eval split)")
+    ap.add_argument("--backend", choices=["llama", "hf"], default="llama",
+                    help="llama: llama-perplexity on GGUF in a separate process (default); hf: in-process")
+    ap.add_argument("--quant", default="f16", help="GGUF type evaluated with the llama backend (default f16)")
+    ap.add_argument("--ctx", type=int, default=512, help="tokens per chunk (lowered to fit short text)")
+    ap.add_argument("--prompts", help="a file of prompts, one per line: greedy completions of both models")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--out", help="result file (default RUN/eval.json)")
+    ap.add_argument("--llama-cpp", help=f"llama.cpp folder; default $LLAMA_CPP_DIR or {llamacpp.DEFAULT_DIR}")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    return ap
+
+
+def check(args):
+    rm = find_finished(Path(args.run))
+    if args.backend == "llama":
+        quant = llamacpp.parse_quants(args.quant)
+        if len(quant) != 1:
+            raise UserError("--quant: one type for evaluate")
+        args.quant = quant[0]
+        tools = llamacpp.find_tools(args.llama_cpp, need=("llama-quantize", "llama-perplexity", "llama-completion"))
+    else:
+        tools = None
+    if args.ctx < 8:
+        raise UserError(f"--ctx {args.ctx}: at least 8")
+    prompts = None
+    if args.prompts:
+        p = Path(args.prompts)
+        if not p.is_file():
+            raise UserError(f"--prompts {p}: no such file")
+        prompts = [ln for ln in p.read_text().splitlines() if ln.strip()]
+        if not prompts:
+            raise UserError(f"--prompts {p}: no prompts (one per line)")
+    return rm, tools, prompts
+
+
+def run(argv: list[str]) -> dict:
+    from transformers import AutoTokenizer
+
+    args = build_parser().parse_args(argv)
+    rm, tools, prompts = check(args)
+    tok = AutoTokenizer.from_pretrained(rm.run)
+    text = "\n\n".join(load_texts(rm, args.data, tok))
+    ids = tok(text)["input_ids"]
+    ctx = min(args.ctx, len(ids) // 2)
+    ctx -= ctx % 2
+    if ctx < 8:
+        raise UserError(f"held-out text: {len(ids)} tokens, too few for perplexity (at least 16)")
+    if ctx < args.ctx:
+        say(f"held-out text has {len(ids)} tokens: --ctx lowered to {ctx}")
+    base_path = rm.resolved["model"]["path"]
+    result = {"run": str(rm.run), "backend": args.backend, "ctx": ctx, "text_tokens": len(ids),
+              "data": args.data or "the run's eval split"}
+    completions = []
+    if args.backend == "llama":
+        result["quant"] = args.quant
+        result["llama_cpp"] = tools.version()
+        ggufs = {w: _gguf_for(rm, args.quant, tools, w) for w in ("base", "finetuned")}
+        out_dir = rm.run / "eval"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        text_file = out_dir / "heldout.txt"
+        text_file.write_text(text)
+        for w, g in ggufs.items():
+            say(f"llama-perplexity on {g}")
+            result[w] = {**llamacpp.perplexity(tools, g, text_file, ctx), "model": str(g)}
+        for p in prompts or []:
+            completions.append({"prompt": p, **{w: llamacpp.complete(tools, g, p, args.max_new_tokens)
+                                                for w, g in ggufs.items()}})
+    else:
+        bos = tok.bos_token_id if add_bos(tok) else None
+        for w in ("base", "finetuned"):
+            model = _hf_model(base_path) if w == "base" else (
+                _hf_model(rm.base, rm.run) if rm.kind == "adapter" else _hf_model(str(rm.run)))
+            say(f"HF perplexity of the {w} model")
+            result[w] = {**hf_perplexity(model, ids, ctx, bos), "model": base_path if w == "base" else str(rm.run)}
+            for i, p in enumerate(prompts or []):
+                if w == "base":
+                    completions.append({"prompt": p})
+                completions[i][w] = _hf_generate(model, tok, p, args.max_new_tokens)
+            del model
+    b, f = result["base"]["ppl"], result["finetuned"]["ppl"]
+    result["difference"] = f - b
+    result["difference_pct"] = 100.0 * (f - b) / b
+    if completions:
+        result["completions"] = completions
+    out = Path(args.out) if args.out else rm.run / "eval.json"
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, out)
+    result["written"] = str(out)
+    return result
+
+
+def report(r: dict) -> str:
+    lines = [f"perplexity ({r['backend']}{', ' + r['quant'] if 'quant' in r else ''}; ctx {r['ctx']}, "
+             f"{r['base']['scored_tokens']} scored tokens of {r['data']})",
+             f"  {'base':>12} {'fine-tuned':>12} {'difference':>18}",
+             f"  {r['base']['ppl']:12.4f} {r['finetuned']['ppl']:12.4f} "
+             f"{r['difference']:+11.4f} ({r['difference_pct']:+.1f}%)"]
+    for c in r.get("completions", []):
+        lines += [f"prompt: {c['prompt']}", f"  base:       {c['base']!r}", f"  fine-tuned: {c['finetuned']!r}"]
+    lines.append(f"written: {r['written']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        result = run(argv)
+    except (UserError, ToolError) as exc:
+        print(f"evaluate: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("evaluate: interrupted", file=sys.stderr)
+        return 130
+    print(json.dumps(result) if "--json" in argv else report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

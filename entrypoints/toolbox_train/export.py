@@ -1,0 +1,246 @@
+"""`export --run RUN --to merged|gguf [--quant f16,q8_0,q4_k_m] [--ollama] [--out DIR] [--overwrite]`.
+
+merged: 16-bit safetensors + tokenizer + chat template. A LoRA adapter is merged into its base;
+a QLoRA adapter into the base's 16-bit weights (the base is loaded unquantized, never 4-bit).
+gguf:   the merged model converted once by llama.cpp's convert_hf_to_gguf.py (f16, bf16 or f32),
+        then quantized by llama-quantize into each other type; --ollama writes a Modelfile.
+Everything is checked before any work (exit 2); the result is written into a temporary folder
+beside the output and renamed into place, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import llamacpp
+from .errors import ToolError, UserError
+from .runs import RunModel, find_finished, human_size
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+STAGING_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}  # lossless into the GGUF type
+
+
+def say(msg: str) -> None:
+    print(f"export: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Job:
+    rm: RunModel
+    to: str
+    out: Path
+    quants: list[str]
+    dtype: str
+    ollama: bool
+    overwrite: bool
+    tools: llamacpp.Tools | None
+    estimate: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def conversion_type(quants: list[str]) -> str:
+    """The one type the converter writes; every other type is quantized from it."""
+    for t in ("f16", "bf16", "f32"):
+        if t in quants:
+            return t
+    return "f16"
+
+
+def estimate_bytes(rm: RunModel, to: str, quants: list[str], dtype: str) -> int:
+    n = rm.param_count()
+    if to == "merged":
+        return int(n * (4 if dtype == "fp32" else 2) * 1.02) + (16 << 20)
+    conv = conversion_type(quants)
+    staged = 0 if rm.kind == "full" else n * llamacpp.QUANT_BYTES[conv]  # merged copy, removed at the end
+    total = staged + n * llamacpp.QUANT_BYTES[conv]  # the converted GGUF (kept or not, it exists meanwhile)
+    total += sum(n * llamacpp.QUANT_BYTES[q] for q in quants if q != conv)
+    return int(total * 1.05) + (16 << 20)  # metadata, vocab, tokenizer files
+
+
+def free_bytes(path: Path) -> int:
+    p = path
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def check(args) -> Job:
+    rm = find_finished(Path(args.run))
+    to = args.to
+    quants = llamacpp.parse_quants(args.quant) if to == "gguf" else []
+    if to != "gguf" and args.quant:
+        raise UserError("--quant: only with --to gguf")
+    if args.ollama and to != "gguf":
+        raise UserError("--ollama: only with --to gguf (Ollama runs GGUF files)")
+    out = Path(args.out) if args.out else rm.run / "export" / to
+    out = out.expanduser().resolve()
+    if out.exists() and not args.overwrite:
+        raise UserError(f"--out {out}: exists; pass --overwrite to replace it")
+    if out == rm.run or rm.run.is_relative_to(out):
+        raise UserError(f"--out {out}: would replace the run folder itself")
+    dtype = args.dtype or rm.default_dtype()
+    tools = llamacpp.find_tools(args.llama_cpp) if to == "gguf" else None
+    job = Job(rm, to, out, quants, dtype, args.ollama, args.overwrite, tools)
+    job.estimate = estimate_bytes(rm, to, quants, dtype)
+    free = free_bytes(out.parent)
+    if job.estimate > free:
+        raise UserError(f"--out {out}: too little disk: the export needs about {human_size(job.estimate)}, "
+                        f"{human_size(free)} free there")
+    job.notes += rm.export_notes(to)
+    return job
+
+
+# ---------------------------------------------------------------- work
+
+
+def merge(rm: RunModel, dest: Path, dtype: str) -> None:
+    """Write the 16-bit (or fp32) model with tokenizer and chat template into `dest`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    td = getattr(torch, DTYPES[dtype])
+    t0 = time.perf_counter()
+    if rm.kind == "full":
+        say(f"loading {rm.run} ({dtype})")
+        model = AutoModelForCausalLM.from_pretrained(rm.run, dtype=td)
+    else:
+        from peft import PeftModel
+
+        # The base in 16 bits (or fp32) from its own weights, never the 4-bit copy QLoRA trained on.
+        say(f"loading base {rm.base} ({dtype}) and adapter {rm.run}")
+        base = AutoModelForCausalLM.from_pretrained(rm.base, dtype=td, quantization_config=None)
+        model = PeftModel.from_pretrained(base, str(rm.run)).merge_and_unload()
+    model = model.to(td)
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config  # a merged export is plain weights
+    model.save_pretrained(dest, safe_serialization=True)
+    AutoTokenizer.from_pretrained(rm.run).save_pretrained(dest)
+    say(f"merged in {time.perf_counter() - t0:.1f} s")
+
+
+def _wrote(path: Path, manifest: list[dict]) -> None:
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    manifest.append({"path": path.name, "bytes": size})
+    say(f"wrote {path.name} ({human_size(size)})")
+
+
+def do_merged(job: Job, tmp: Path, manifest: list[dict]) -> None:
+    merge(job.rm, tmp, job.dtype)
+    for f in sorted(tmp.iterdir()):
+        _wrote(f, manifest)
+
+
+def do_gguf(job: Job, tmp: Path, manifest: list[dict]) -> None:
+    conv = conversion_type(job.quants)
+    if job.rm.kind == "full":
+        src = job.rm.run
+    else:
+        src = tmp / ".merged"
+        say(f"step 1: merge the adapter into its base ({STAGING_DTYPE[conv]}, temporary)")
+        merge(job.rm, src, STAGING_DTYPE[conv])
+    say(f"step 2: convert to GGUF {conv} with {job.tools.converter}")
+    conv_file = tmp / f"model-{conv}.gguf"
+    llamacpp.convert(job.tools, src, conv_file, conv)
+    if conv in job.quants:
+        _wrote(conv_file, manifest)
+    rest = [q for q in job.quants if q != conv]
+    for i, q in enumerate(rest, 1):
+        say(f"step 3.{i}/{len(rest)}: llama-quantize {conv} -> {q}")
+        dst = tmp / f"model-{q}.gguf"
+        llamacpp.quantize(job.tools, conv_file, dst, q)
+        _wrote(dst, manifest)
+    if conv not in job.quants:
+        conv_file.unlink()
+    if src != job.rm.run:
+        shutil.rmtree(src)
+    if job.ollama:
+        ggufs = sorted(tmp.glob("model-*.gguf"), key=lambda f: f.stat().st_size)
+        target = ggufs[0]  # the smallest: what a laptop runs
+        (tmp / "Modelfile").write_text(
+            "# Written by `toolbox export`; `ollama create NAME -f Modelfile` in this folder.\n"
+            "# Ollama reads the chat template from the GGUF's tokenizer.chat_template.\n"
+            f"FROM ./{target.name}\n")
+        _wrote(tmp / "Modelfile", manifest)
+
+
+def execute(job: Job) -> dict:
+    job.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = job.out.parent / f".{job.out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    manifest: list[dict] = []
+    t0 = time.perf_counter()
+    try:
+        (do_merged if job.to == "merged" else do_gguf)(job, tmp, manifest)
+        result = {"run": str(job.rm.run), "to": job.to, "out": str(job.out), "kind": job.rm.kind,
+                  "method": job.rm.method, "base": job.rm.base, "dtype": job.dtype if job.to == "merged" else None,
+                  "quants": job.quants, "files": manifest, "notes": job.notes,
+                  "llama_cpp": job.tools.version() if job.tools else None,
+                  "seconds": round(time.perf_counter() - t0, 2)}
+        (tmp / "export.json").write_text(json.dumps(result, indent=2) + "\n")
+        old = None
+        if job.out.exists():
+            old = job.out.parent / f".{job.out.name}.old-{os.getpid()}"
+            os.replace(job.out, old)
+        os.replace(tmp, job.out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="export", description="Export a finished finetune run: merged 16-bit "
+                                 "safetensors, or GGUF files for llama.cpp / Ollama / LM Studio.")
+    ap.add_argument("--run", required=True, help="the finetune output folder")
+    ap.add_argument("--to", required=True, choices=["merged", "gguf"])
+    ap.add_argument("--quant", default=None, help="GGUF types, comma-separated (default f16), e.g. f16,q8_0,q4_k_m")
+    ap.add_argument("--ollama", action="store_true", help="write an Ollama Modelfile beside the GGUF")
+    ap.add_argument("--out", help="output folder (default RUN/export/merged or RUN/export/gguf)")
+    ap.add_argument("--dtype", choices=list(DTYPES), help="merged weights (default: the base's 16-bit type, else bf16)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    ap.add_argument("--llama-cpp", help=f"llama.cpp folder (bin/, convert_hf_to_gguf.py); default "
+                    f"$LLAMA_CPP_DIR or {llamacpp.DEFAULT_DIR}")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    return ap
+
+
+def run(argv: list[str]) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.to == "gguf" and args.quant is None:
+        args.quant = "f16"
+    job = check(args)
+    for n in job.notes:
+        say(f"note: {n}")
+    say(f"{job.rm.describe()} -> {job.to} in {job.out} (about {human_size(job.estimate)} of disk)")
+    return execute(job)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        result = run(sys.argv[1:] if argv is None else argv)
+    except (UserError, ToolError) as exc:
+        print(f"export: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("export: interrupted (nothing written)", file=sys.stderr)
+        return 130
+    if "--json" in (sys.argv[1:] if argv is None else argv):
+        print(json.dumps(result))
+    else:
+        total = sum(f["bytes"] for f in result["files"])
+        print(f"export: done in {result['seconds']} s: {result['out']} ({human_size(total)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""What a finished finetune output folder holds: a full model or an adapter plus its base."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .errors import UserError
+
+MULTIMODAL_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _safetensors(folder: Path) -> list[Path]:
+    idx = folder / "model.safetensors.index.json"
+    if idx.is_file():
+        names = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
+        return [folder / n for n in names]
+    return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else []
+
+
+def _count(files: list[Path], skip=lambda k: False) -> int:
+    from safetensors import safe_open
+
+    n = 0
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                if not skip(k):
+                    shape = st.get_slice(k).get_shape()
+                    p = 1
+                    for d in shape:
+                        p *= d
+                    n += p
+    return n
+
+
+@dataclass
+class RunModel:
+    run: Path
+    kind: str            # "full" (weights in the run folder) or "adapter" (LoRA/QLoRA on `base`)
+    method: str
+    base: str | None
+    model_type: str
+    multimodal: bool
+    resolved: dict
+
+    def weights_folder(self) -> Path:
+        return self.run if self.kind == "full" else Path(self.base)
+
+    def param_count(self) -> int:
+        return _count(_safetensors(self.weights_folder()))
+
+    def default_dtype(self) -> str:
+        cfg = json.loads((self.weights_folder() / "config.json").read_text())
+        d = str(cfg.get("dtype") or cfg.get("torch_dtype") or "")
+        return {"float16": "fp16", "bfloat16": "bf16"}.get(d, "bf16")
+
+    def describe(self) -> str:
+        if self.kind == "full":
+            return f"{self.run} ({self.model_type}, {self.method} fine-tune)"
+        return f"{self.run} ({self.model_type}, {self.method} adapter on {self.base})"
+
+    def export_notes(self, to: str) -> list[str]:
+        notes = []
+        if self.method == "qlora":
+            notes.append("QLoRA: the adapter is merged into the base's 16-bit weights (loaded unquantized), "
+                         "never into 4-bit weights")
+        if self.multimodal:
+            notes.append("Gemma 3 multimodal wrapper: the merged export holds the whole model (vision tower and "
+                         "projector unchanged by text fine-tuning)" + (
+                             "; the GGUF holds the language model only (for images make the projector with "
+                             "convert_hf_to_gguf.py --mmproj on a merged export)" if to == "gguf" else ""))
+        if self.model_type == "gpt_oss":
+            notes.append("GPT-OSS: experts are exported de-quantized (16-bit), not in the original MXFP4"
+                         + ("; --quant mxfp4_moe re-quantizes them for llama.cpp" if to == "gguf" else ""))
+        return notes
+
+    def eval_texts(self, tokenizer) -> list[str]:
+        """The run's held-out rows as plain text (eval_path, or the eval_split finetune held out)."""
+        from types import SimpleNamespace
+
+        from .config import TrainConfig
+        from .data import load_datasets
+
+        cfg = TrainConfig.model_validate({k: v for k, v in self.resolved.items() if not k.startswith("_")})
+        if not (cfg.data.eval_path or cfg.data.eval_split > 0):
+            raise UserError(f"--run {self.run}: the run had no eval split (data.eval_path / data.eval_split); "
+                            "pass --data FILE")
+        _, evald, _ = load_datasets(cfg, Path(self.resolved.get("_base", "/")))
+        return rows_to_texts(evald, tokenizer)
+
+
+def rows_to_texts(ds, tokenizer) -> list[str]:
+    out = []
+    for row in ds:
+        if "text" in row:
+            out.append(str(row["text"]))
+        elif "prompt" in row:
+            out.append(f"{row['prompt']}{row['completion']}")
+        elif "messages" in row:
+            out.append(tokenizer.apply_chat_template(row["messages"], tokenize=False))
+    return out
+
+
+def find_finished(run: Path) -> RunModel:
+    run = run.expanduser().resolve()
+    if not run.is_dir():
+        raise UserError(f"--run {run}: no such folder")
+    resolved_f = run / "config.resolved.yaml"
+    if not (run / "summary.json").is_file() or not resolved_f.is_file():
+        raise UserError(f"--run {run}: no finished model (no summary.json/config.resolved.yaml: the run did not "
+                        "finish, or this is not a finetune output folder)")
+    try:
+        resolved = yaml.safe_load(resolved_f.read_text()) or {}
+        method = resolved["method"]
+        base = resolved["model"]["path"]
+    except (yaml.YAMLError, KeyError, TypeError) as exc:
+        raise UserError(f"{resolved_f}: unreadable ({exc})") from None
+    resolved["_base"] = str(run)
+    if (run / "adapter_config.json").is_file() and (run / "adapter_model.safetensors").is_file():
+        kind = "adapter"
+        if not (Path(base) / "config.json").is_file():
+            raise UserError(f"{resolved_f}: model.path: {base}: the base model is not a local folder here "
+                            "(the adapter needs it to be merged)")
+        cfg_dir = Path(base)
+    elif _safetensors(run) and (run / "config.json").is_file():
+        kind, cfg_dir = "full", run
+    else:
+        raise UserError(f"--run {run}: no finished model (no adapter_model.safetensors or model.safetensors)")
+    if not (run / "tokenizer_config.json").is_file():
+        raise UserError(f"--run {run}: no tokenizer saved in the run folder")
+    cfg = json.loads((cfg_dir / "config.json").read_text())
+    return RunModel(run, kind, method, base if kind == "adapter" else None, cfg.get("model_type", "?"),
+                    cfg.get("vision_config") is not None, resolved)

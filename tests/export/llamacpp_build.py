@@ -1,0 +1,101 @@
+"""Build llama.cpp's tools for the host tests, once, into a cache folder reused across runs.
+
+Source: the `llama-cpp-python` sdist from PyPI (pinned by version and sha256, the cpu stack's
+llama_cpp pin), which vendors a whole llama.cpp tree. Only the programs export/evaluate run are
+built (ccache keeps rebuilds cheap); the result has the image's /opt/llama.cpp layout:
+bin/, convert_hf_to_gguf.py, conversion/, gguf-py/, plus models/ggml-vocab-*.gguf for the tests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+VERSION = "0.3.36"
+SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion")  # llama-cli: the image test
+CACHE = Path(os.environ.get("TOOLBOX_TEST_CACHE", Path.home() / ".cache" / "toolbox-tests"))
+ROOT = CACHE / f"llama.cpp-{VERSION}"
+VENDOR = "vendor/llama.cpp/"
+KEEP = ("convert_hf_to_gguf.py", "conversion", "gguf-py", "models")
+
+
+def _log(msg: str) -> None:
+    print(f"[llama.cpp build] {msg}", file=sys.stderr, flush=True)
+
+
+def _sdist(dl: Path) -> Path:
+    f = dl / f"llama_cpp_python-{VERSION}.tar.gz"
+    if not f.is_file():
+        dl.mkdir(parents=True, exist_ok=True)
+        req = dl / "req.txt"
+        req.write_text(f"llama-cpp-python=={VERSION} --hash=sha256:{SHA256}\n")
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "--require-hashes", "-r", str(req), "-d", str(dl)], check=True)
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()
+    if digest != SHA256:
+        f.unlink()
+        raise RuntimeError(f"{f}: sha256 {digest}, pinned {SHA256}")
+    return f
+
+
+def _extract(sdist: Path, dest: Path) -> None:
+    with tarfile.open(sdist) as tf:
+        members = []
+        for m in tf.getmembers():
+            _, _, rest = m.name.partition("/")
+            if rest.startswith(VENDOR) and not rest.endswith("/.git"):  # a submodule's gitdir link
+                m.name = rest[len(VENDOR):]
+                members.append(m)
+        tf.extractall(dest, members=members, filter="data")
+
+
+def ensure_tools() -> Path:
+    """The tools folder (built on first use; later calls return at once)."""
+    tools = ROOT / "tools"
+    if (tools / "VERSION").is_file():
+        return tools
+    ROOT.mkdir(parents=True, exist_ok=True)
+    with open(ROOT / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sessions wait for one build
+        if (tools / "VERSION").is_file():
+            return tools
+        t0 = time.time()
+        src = ROOT / "src"
+        if not (src / "CMakeLists.txt").is_file():
+            shutil.rmtree(src, ignore_errors=True)
+            _extract(_sdist(ROOT / "download"), src)
+        env = dict(os.environ, CCACHE_DIR=str(CACHE / "ccache"), CCACHE_BASEDIR=str(ROOT))
+        build = ROOT / "build"
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        # No network at build time: no HTTPS client, no prebuilt web UI download.
+        subprocess.run(["cmake", "-S", str(src), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+                        "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                        "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+                        "-DLLAMA_BUILD_UI=OFF", "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON"],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+        _log(f"building {', '.join(TARGETS)} (first run only; ccache in {CACHE / 'ccache'})")
+        subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+        tmp = ROOT / "tools.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "bin").mkdir(parents=True)
+        for t in TARGETS:
+            shutil.copy2(build / "bin" / t, tmp / "bin" / t)
+        for k in KEEP:
+            (shutil.copytree if (src / k).is_dir() else shutil.copy2)(src / k, tmp / k)
+        (tmp / "VERSION").write_text(f"llama-cpp-python {VERSION} sdist (sha256 {SHA256})\n")
+        os.replace(tmp, tools)
+        _log(f"built in {time.time() - t0:.0f} s")
+    return tools
+
+
+if __name__ == "__main__":
+    print(ensure_tools())
