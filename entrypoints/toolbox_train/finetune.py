@@ -26,6 +26,7 @@ import yaml
 from .data import load_datasets
 from .errors import ToolError, UserError
 from .files import atomic_write
+from . import report
 from .plan import LAUNCH_DIR, Dist, Plan, log, plan  # noqa: F401  (re-exported: launch, tests)
 
 
@@ -66,6 +67,11 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         log(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from the newest complete checkpoint")
     p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0)
     train_ds, eval_ds, fmt = load_datasets(p.cfg, p.base)  # bad data is still bad input: before the model
+    exports = report.parse_exports(p.cfg.output.export)
+    if any(a[1] == "gguf" for a in exports):
+        from .llamacpp import find_tools
+
+        find_tools(None)  # the tools must be there before hours of training, not after
     for n in p.notes:
         log(n)
     log(f"backend {p.backend}, method {p.cfg.method}, data {fmt} ({len(train_ds)} rows), "
@@ -89,6 +95,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                       processing_class=tok, peft_config=peft_cfg, plan=p,
                       callbacks=[Metrics(p.out / "metrics.jsonl", summary)])
+    report.step_lines(trainer)  # per-step lines on stderr; stdout keeps the summary alone
     if args.save_on_each_node:
         # transformers 5.x writes model weights on global rank 0 only, whatever save_on_each_node
         # says; each node's first rank must write them too, or no other node can resume.
@@ -105,7 +112,12 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     finally:
         trainer.finish_local_sgd()
     save_final(p, trainer, tok)
-    return summarize(p, trainer, summary)
+    summary = summarize(p, trainer, summary)
+    if exports and trainer.is_world_process_zero():
+        summary["exports"] = [{k: e[k] for k in ("to", "out", "files", "notes")}
+                              for e in report.run_exports(p.out, exports)]
+        atomic_write(p.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 def summarize(p: Plan, trainer, summary: dict) -> dict:
@@ -128,6 +140,10 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
     summary.setdefault("first_loss", None)
     summary.setdefault("last_loss", None)
     if trainer.is_world_process_zero():
+        evals = report.eval_history(trainer)
+        summary["eval_loss"] = evals[-1]["eval_loss"] if evals else None
+        summary["model_location"] = report.model_location(p.out, p.cfg.method, p.cfg.output.save)
+        summary["loss_png"] = report.loss_plot(p.out, rows, evals)
         atomic_write(p.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -139,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a config field, e.g. train.learning_rate=1e-4 (repeatable)")
     ap.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     ap.add_argument("--overwrite", action="store_true", help="empty a non-empty output folder first")
+    ap.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout "
+                    "(default: a short human summary; the same JSON is in OUTPUT/summary.json)")
     return ap
 
 
@@ -153,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print("finetune: interrupted", file=sys.stderr)
         return 130
     if Dist.from_env().rank == 0:
-        print(json.dumps(summary))
+        print(json.dumps(summary) if args.json else report.human(summary))
     return 0
 
 

@@ -72,6 +72,8 @@ class Metrics(TrainerCallback):
     def on_train_end(self, args, state, control, **kw):
         dt = time.perf_counter() - (self.t0 or time.perf_counter())
         self.summary["steps"] = state.global_step
+        self.summary["wall_s"] = round(dt, 3)
+        self.summary["tokens"] = int(state.num_input_tokens_seen)
         self.summary["tokens_per_s"] = (state.num_input_tokens_seen - (self.tok0 or 0)) / max(dt, 1e-9)
 
 

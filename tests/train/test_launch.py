@@ -54,8 +54,8 @@ def test_ddp_two_cpu_processes(tmp_path, tiny_model):
     out = tmp_path / "out"
     cfg = _cfg(tmp_path, tiny_model, out)
     r = subprocess.run([*_launch_cmd(), "--strategy", "ddp", "--nproc", "2", "--cpu", "--",
-                        "finetune", "--config", str(cfg)], capture_output=True, text=True, timeout=400,
-                       env={**_env(), "TOOLBOX_COUNT_GRAD_ALLREDUCE": "1"})
+                        "finetune", "--config", str(cfg), "--json"], capture_output=True, text=True,
+                       timeout=400, env={**_env(), "TOOLBOX_COUNT_GRAD_ALLREDUCE": "1"})
     assert r.returncode == 0, r.stderr[-4000:]
     assert "launch: resolved settings" in r.stderr and "world_size: 2" in r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
