@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock a8fdbcc4593f).
+# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 0e4894c7aa86).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -229,10 +229,12 @@ LABEL \
     io.github.toolbox.bitsandbytes.version="0.50.1" \
     io.github.toolbox.datasets.version="4.3.0" \
     io.github.toolbox.gpu_targets="gfx1151" \
-    io.github.toolbox.lock-digest="a8fdbcc4593f" \
+    io.github.toolbox.lock-digest="0e4894c7aa86" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
+    io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="0f191289ffadcebdb65391c5d9ddacccfbffae36" \
+    io.github.toolbox.rccl.enable_smi="false" \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
     io.github.toolbox.rccl.patches.sha256="776e21ba2e4ba673543e99f1dd1dc207eacd749fb1ebb327d73628c35487a24a" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
@@ -257,4 +259,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-early2026" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="a8fdbcc4593f"
+    org.opencontainers.image.version="0e4894c7aa86"

@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock d600cc450856).
+# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock 0b6f629a4cdf).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -218,10 +218,12 @@ LABEL \
     io.github.toolbox.bitsandbytes.wheel_sha256="649b4348c24c05c406a3b8fa9ed6ea00ffecb9dc93dcf838af1a2783844bf3e3" \
     io.github.toolbox.datasets.version="4.3.0" \
     io.github.toolbox.gpu_targets="gfx1151" \
-    io.github.toolbox.lock-digest="d600cc450856" \
+    io.github.toolbox.lock-digest="0b6f629a4cdf" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
+    io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="2b22ab0195cc1461cd9abf3b969e9dd7c10af350" \
+    io.github.toolbox.rccl.enable_smi="true" \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
     io.github.toolbox.rccl.patches.sha256="none" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
@@ -247,4 +249,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm7.14" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="d600cc450856"
+    org.opencontainers.image.version="0b6f629a4cdf"

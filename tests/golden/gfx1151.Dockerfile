@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151" (lock 85e8acdca497).
+# Rendered by `toolbox render` from stack "gfx1151" (lock 2937e43f6469).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -229,10 +229,12 @@ LABEL \
     io.github.toolbox.bitsandbytes.version="0.50.1" \
     io.github.toolbox.datasets.version="4.3.0" \
     io.github.toolbox.gpu_targets="gfx1151" \
-    io.github.toolbox.lock-digest="85e8acdca497" \
+    io.github.toolbox.lock-digest="2937e43f6469" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
+    io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="79e85e1468f96a867108043c953e9547c13b4c5e" \
+    io.github.toolbox.rccl.enable_smi="false" \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
     io.github.toolbox.rccl.patches.sha256="760b7bb89c14788998eb32068edb5c2d4924f0e850e70eb6d5ed56bb4d53833a" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
@@ -257,4 +259,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="85e8acdca497"
+    org.opencontainers.image.version="2937e43f6469"

@@ -50,3 +50,12 @@ def test_stack_fields_drive_the_stage():
     stage = _rccl_stage(text)
     assert "-DENABLE_AMDSMI=ON" in stage
     assert "rccl-tests" not in stage
+
+
+@pytest.mark.parametrize("field", ["enable_smi", "build_rccl_tests"])
+def test_rccl_build_switches_change_the_tag(field):
+    """An image with SMI linked (or rccl-tests built) is another image: another lock digest and label."""
+    base = load_stack("gfx1151")
+    flipped = load_stack("gfx1151", [f"rccl.{field}={str(not getattr(base.rccl, field)).lower()}"])
+    assert flipped.lock_digest() != base.lock_digest()
+    assert flipped.lock()[f"rccl.{field}"] != base.lock()[f"rccl.{field}"]

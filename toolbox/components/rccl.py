@@ -13,6 +13,9 @@ def _pins(stack):
         "rccl.repo": r.repo,
         "rccl.gpu_targets": ",".join(stack.rccl_targets),
         "rccl.patches.sha256": stack.rccl_series.digest() if stack.rccl_series else "none",
+        # Build switches change the library (SMI linked or not) and the image's tools: part of the tag.
+        "rccl.enable_smi": str(r.enable_smi).lower(),
+        "rccl.build_rccl_tests": str(r.build_rccl_tests).lower(),
     }
 
 
