@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         # flush at exit from failing on the closed pipe.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except SystemExit:
+        # argparse's --help/--version print, then exit: the same closed pipe shows at the flush.
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise
     except Exception as exc:  # noqa: BLE001 (the CLI's last line of defence: one line, never a traceback)
         line, code = _error_line(exc, command)
         if debug:
