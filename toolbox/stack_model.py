@@ -303,6 +303,28 @@ class Hf(Model):
     )
 
 
+class LlamaCpp(Model):
+    source: Literal["pypi", "git"] = Field(description="pypi: the llama-cpp-python sdist, which vendors a whole "
+                                           "llama.cpp tree (reachable where only PyPI is); git: repo at commit")
+    version: Optional[str] = Field(None, description="llama-cpp-python sdist version (source pypi)")
+    sdist_sha256: Optional[str] = Field(None, description="sha256 of that sdist (source pypi)")
+    repo: str = Field("https://github.com/ggml-org/llama.cpp", description="llama.cpp git URL (source git)")
+    commit: str = Field(description="40-hex llama.cpp commit: what is built (git), or what the sdist vendors (pypi)")
+    backend: Literal["cpu", "hip", "cuda"] = Field(description="ggml backend: hip (gpu_targets) on rocm, cuda on cuda, cpu")
+    _v = field_validator("version")(classmethod(lambda cls, v: None if v is None else _version(v)))
+    _s = field_validator("sdist_sha256")(classmethod(lambda cls, v: _sha256(v)))
+    _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
+    _c = field_validator("commit")(classmethod(lambda cls, v: _commit(v)))
+
+    @model_validator(mode="after")
+    def _source(self) -> "LlamaCpp":
+        if self.source == "pypi":
+            for key in ("version", "sdist_sha256"):
+                if getattr(self, key) is None:
+                    raise FieldError((key,), f"source pypi needs llama_cpp.{key}")
+        return self
+
+
 class Image(Model):
     title: str = Field("toolbox", description='image title; the label gets -<stack name> appended')
     description: str = Field("", description="OCI description label (default: the stack's description)")
@@ -323,6 +345,7 @@ class StackModel(Model):
     bitsandbytes: Optional[Bitsandbytes] = Field(None, description='bitsandbytes built from source (platform rocm only)')
     unsloth: Optional[Unsloth] = Field(None, description='Unsloth and unsloth_zoo')
     hf: Hf = Field(description='the Hugging Face training libraries')
+    llama_cpp: Optional[LlamaCpp] = Field(None, description="llama.cpp's tools and GGUF converter (export/evaluate)")
     image: Image = Field(default_factory=Image, description='OCI labels')
     _t = field_validator("gpu_targets")(classmethod(lambda cls, v: _targets(v)))
 
@@ -362,6 +385,9 @@ class StackModel(Model):
                     raise FieldError((key,), f"`{key}:` only belongs to platform rocm")
             if self.gpu_targets:
                 raise FieldError(("gpu_targets",), "gpu_targets only belongs to platform rocm")
+        l = self.llama_cpp
+        if l is not None and l.backend != "cpu" and l.backend != {"rocm": "hip", "cuda": "cuda"}.get(self.platform):
+            raise FieldError(("llama_cpp", "backend"), f"backend {l.backend} does not fit platform {self.platform}")
         return self
 
 

@@ -45,6 +45,8 @@ def _read_lock(path: Path) -> dict:
 # lock key -> distribution name, for pins of Python packages
 def _dist_for(key: str) -> str | None:
     parts = key.split(".")
+    if parts[0] == "llama_cpp":  # not a pip package: check_llama_cpp
+        return None
     leaf = parts[-1]
     if leaf in ("commit", "repo", "index_url", "sha256", "url", "source", "extras", "digest", "image"):
         return None
@@ -77,6 +79,32 @@ def check_pins(lock: dict) -> list[Check]:
         out.append(Check(f"pin {key}", "ok" if same else "fail", f"{dist} {have} (pinned {want})",
                          "" if same else "the image drifted from its lock: rebuild it with toolbox build"))
     return out
+
+
+def check_llama_cpp(lock: dict) -> list[Check]:
+    """The llama.cpp tools export/evaluate run: present, of the locked commit, and runnable."""
+    commit = lock.get("llama_cpp.commit")
+    if not commit:
+        return [Check("llama.cpp", "info", "not part of this stack")]
+    root = Path(os.environ.get("LLAMA_CPP_DIR", "/opt/llama.cpp"))
+    hint = "rebuild the image: toolbox build --stack STACK"
+    version = root / "VERSION"
+    if not version.is_file():
+        return [Check("llama.cpp", "fail", f"{root}: no llama.cpp tools (no VERSION file)", hint)]
+    if commit not in version.read_text():
+        return [Check("llama.cpp", "fail", f"{root} holds {version.read_text().strip()!r}, the lock pins {commit}", hint)]
+    missing = [n for n in ("llama-quantize", "llama-perplexity", "llama-cli") if not os.access(root / "bin" / n, os.X_OK)]
+    if missing or not (root / "convert_hf_to_gguf.py").is_file():
+        return [Check("llama.cpp", "fail", f"{root}: missing {', '.join(missing) or 'convert_hf_to_gguf.py'}", hint)]
+    try:
+        cp = subprocess.run([str(root / "bin" / "llama-cli"), "--version"], capture_output=True, text=True, timeout=60)
+        ok, out = cp.returncode == 0, (cp.stdout + cp.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        ok, out = False, str(exc)
+    if not ok:
+        return [Check("llama.cpp", "fail", f"llama-cli --version failed: {out.splitlines()[-1] if out else '?'}", hint)]
+    return [Check("llama.cpp", "ok", f"{root} at {commit[:12]} ({lock.get('llama_cpp.backend', '?')}): "
+                  "llama-quantize, llama-perplexity, llama-cli, convert_hf_to_gguf.py")]
 
 
 def loaded_collectives() -> list[str]:
@@ -156,6 +184,7 @@ def probe(lock: dict, expect_platform: str | None, targets: list[str], check_uns
                                 "Unsloth needs a visible GPU and its pinned unsloth_zoo; see the gpu check above"))
     else:
         checks.append(Check("unsloth", "info", "not part of this stack"))
+    checks += check_llama_cpp(lock)
     checks += check_pins(lock)
     return checks
 

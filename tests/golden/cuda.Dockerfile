@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "cuda" (lock 28408d2ebd8f).
+# Rendered by `toolbox render` from stack "cuda" (lock 1f25eb5f2a60).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -41,6 +41,41 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONDONTWRITEBYTECODE=1
 COPY scripts/profile.sh /etc/profile.d/toolbox.sh
 
+# ---- devel: compilers for the builder stages (never copied into the runtime) ----
+FROM base AS devel
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/os-install.sh debian \
+      build-essential \
+      ccache \
+      cmake \
+      git \
+      ninja-build \
+      patch \
+      python3-dev
+ENV CCACHE_DIR=/root/.ccache
+
+# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
+FROM devel AS llama_cpp-build
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/git-fetch.sh https://github.com/ggml-org/llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f /src/llama.cpp
+RUN --mount=type=cache,target=/root/.ccache \
+    cmake -S /src/llama.cpp -B /build/llama.cpp -GNinja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_SHARED_LIBS=OFF \
+      -DGGML_NATIVE=OFF \
+      -DGGML_CCACHE=ON \
+      -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_APP=OFF \
+      -DLLAMA_OPENSSL=OFF \
+      -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_BUILD_UI=OFF \
+ && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server \
+ && mkdir -p /opt/llama.cpp/bin \
+ && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
+ && cp -r /src/llama.cpp/convert_hf_to_gguf.py /src/llama.cpp/conversion /src/llama.cpp/gguf-py /opt/llama.cpp/ \
+ && echo "llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu)" > /opt/llama.cpp/VERSION
+
 # ---- runtime: only the builder stages' results; no compilers, no sources ----
 FROM base AS runtime
 
@@ -80,6 +115,13 @@ RUN --mount=type=secret,id=ca \
       torch==2.13.0 \
       torchvision==0.28.0
 
+# llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu): programs on PATH, the converter with its own gguf-py
+COPY --from=llama_cpp-build /opt/llama.cpp/ /opt/llama.cpp/
+RUN ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
+ && llama-cli --version \
+ && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
+ENV LLAMA_CPP_DIR=/opt/llama.cpp
+
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
 # then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
@@ -96,7 +138,10 @@ LABEL \
     io.github.toolbox.accelerate.version="1.15.0" \
     io.github.toolbox.base.image="docker.io/library/debian:bookworm-slim" \
     io.github.toolbox.datasets.version="4.8.4" \
-    io.github.toolbox.lock-digest="28408d2ebd8f" \
+    io.github.toolbox.llama_cpp.backend="cpu" \
+    io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
+    io.github.toolbox.llama_cpp.source="git" \
+    io.github.toolbox.lock-digest="1f25eb5f2a60" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="cuda" \
     io.github.toolbox.stack="cuda" \
@@ -112,4 +157,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-cuda" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="28408d2ebd8f"
+    org.opencontainers.image.version="1f25eb5f2a60"

@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock 0b6f629a4cdf).
+# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock b84b89cf511c).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -116,6 +116,31 @@ RUN --mount=type=secret,id=ca \
  && test -f /wheels/unsloth/unsloth-2026.8.19-py3-none-any.whl \
  && test -f /wheels/unsloth/unsloth_zoo-2026.8.13-py3-none-any.whl
 
+# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
+FROM devel AS llama_cpp-build
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/git-fetch.sh https://github.com/ggml-org/llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f /src/llama.cpp
+RUN --mount=type=cache,target=/root/.ccache \
+    cmake -S /src/llama.cpp -B /build/llama.cpp -GNinja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_SHARED_LIBS=OFF \
+      -DGGML_NATIVE=OFF \
+      -DGGML_CCACHE=ON \
+      -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_APP=OFF \
+      -DLLAMA_OPENSSL=OFF \
+      -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_BUILD_UI=OFF \
+      -DGGML_HIP=ON \
+      -DGPU_TARGETS="gfx1151" \
+      -DCMAKE_HIP_COMPILER=/opt/rocm/llvm/bin/clang \
+ && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server \
+ && mkdir -p /opt/llama.cpp/bin \
+ && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
+ && cp -r /src/llama.cpp/convert_hf_to_gguf.py /src/llama.cpp/conversion /src/llama.cpp/gguf-py /opt/llama.cpp/ \
+ && echo "llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip)" > /opt/llama.cpp/VERSION
+
 # ---- runtime: only the builder stages' results; no compilers, no sources ----
 FROM base AS runtime
 
@@ -198,6 +223,13 @@ RUN --mount=type=secret,id=ca \
       'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
       torchaudio==2.11.0+rocm7.14.0
 
+# llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): programs on PATH, the converter with its own gguf-py
+COPY --from=llama_cpp-build /opt/llama.cpp/ /opt/llama.cpp/
+RUN ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
+ && llama-cli --version \
+ && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
+ENV LLAMA_CPP_DIR=/opt/llama.cpp
+
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
 # then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
@@ -218,7 +250,11 @@ LABEL \
     io.github.toolbox.bitsandbytes.wheel_sha256="649b4348c24c05c406a3b8fa9ed6ea00ffecb9dc93dcf838af1a2783844bf3e3" \
     io.github.toolbox.datasets.version="4.3.0" \
     io.github.toolbox.gpu_targets="gfx1151" \
-    io.github.toolbox.lock-digest="0b6f629a4cdf" \
+    io.github.toolbox.llama_cpp.backend="hip" \
+    io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
+    io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
+    io.github.toolbox.llama_cpp.source="git" \
+    io.github.toolbox.lock-digest="b84b89cf511c" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
@@ -249,4 +285,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm7.14" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="0b6f629a4cdf"
+    org.opencontainers.image.version="b84b89cf511c"
