@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import llamacpp
 from .errors import ToolError, UserError
-from .runs import RunModel, find_finished, rows_to_texts
+from .runs import RunModel, find_finished, quiet_closed_stdout, rows_to_texts
 
 
 def say(msg: str) -> None:
@@ -245,6 +245,7 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
+@quiet_closed_stdout
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:

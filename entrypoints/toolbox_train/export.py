@@ -21,7 +21,7 @@ from pathlib import Path
 
 from . import llamacpp
 from .errors import ToolError, UserError
-from .runs import RunModel, find_finished, human_size
+from .runs import RunModel, find_finished, human_size, quiet_closed_stdout
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STAGING_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}  # lossless into the GGUF type
@@ -225,6 +225,7 @@ def run(argv: list[str]) -> dict:
     return execute(job)
 
 
+@quiet_closed_stdout
 def main(argv: list[str] | None = None) -> int:
     try:
         result = run(sys.argv[1:] if argv is None else argv)
