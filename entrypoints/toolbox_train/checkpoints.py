@@ -1,5 +1,6 @@
-"""Checkpoint folders: complete ones are `checkpoint-N`, written as `.partial/checkpoint-N`
-and renamed when whole; resume takes the newest one that passes a sanity check."""
+"""Checkpoint folders: complete ones are `checkpoint-N`, written as `.partial-node<R>/checkpoint-N`
+(R: the node's rank) and renamed when whole; resume takes the newest one in which every file
+loads (trainer state, weights, optimizer, scheduler, RNG states)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import re
 import shutil
 import sys
 from pathlib import Path
+
+from .weights import safetensors_problem, torch_file_problem
 
 PREFIX = "checkpoint-"
 PARTIAL = ".partial"
@@ -29,28 +32,30 @@ def listed(root: Path) -> list[Path]:
 
 
 def problem(cp: Path) -> str | None:
-    """Why `cp` cannot be resumed from, or None when it looks whole."""
+    """Why `cp` cannot be resumed from (naming the file), or None when every file in it loads."""
     state = cp / "trainer_state.json"
     try:
-        json.loads(state.read_text())
+        if not isinstance(json.loads(state.read_text()).get("global_step"), int):
+            return "trainer_state.json has no global_step"
     except FileNotFoundError:
         return "no trainer_state.json"
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, AttributeError):  # JSON and UTF-8 errors are ValueErrors
         return "trainer_state.json is corrupt"
     weights = [cp / w for w in WEIGHT_FILES if (cp / w).exists()]
     if not weights:
         return "no model or adapter weights"
-    for w in weights:
-        if w.suffix == ".safetensors":
-            try:
-                from safetensors import safe_open
-
-                with safe_open(str(w), framework="pt") as f:
-                    f.keys()
-            except Exception as exc:  # safetensors raises its own error types
-                return f"{w.name} is corrupt ({exc})"
     if not (cp / "optimizer.pt").exists() and not any(cp.glob("optimizer*")):
         return "no optimizer state"
+    for f in sorted(cp.glob("*.safetensors")):
+        why = safetensors_problem(f)
+        if why:
+            return why
+    # training_args.bin is a pickle that resuming never reads (and weights_only refuses).
+    torch_files = sorted(cp.glob("*.pt")) + sorted(cp.glob("*.pth")) + [cp / "pytorch_model.bin"]
+    for f in (f for f in torch_files if f.is_file()):
+        why = torch_file_problem(f)
+        if why:
+            return why
     return None
 
 

@@ -6,10 +6,10 @@ import copy
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import UserError
+from .safe_yaml import SafeYamlError, load_file, load_text
 
 
 class _Strict(BaseModel):
@@ -94,8 +94,8 @@ class TrainConfig(_Strict):
 def _parse_value(raw: str) -> Any:
     # YAML scalars, so `--set train.learning_rate=1e-4` and `--set data.packing=true` type themselves.
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
+        return load_text(raw, "--set").data
+    except SafeYamlError:  # not YAML (or a tag, a bomb, deep nesting): the text as given
         return raw
 
 
@@ -116,16 +116,21 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
-def _fmt_errors(exc: ValidationError, source: str) -> str:
+def _fmt_errors(exc: ValidationError, source: str, marks: dict[tuple, tuple[int, int]]) -> str:
     lines = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top)"
+        # The line of the field, or of the nearest section that holds it (a missing key).
+        path = tuple(err["loc"])
+        while path and path not in marks:
+            path = path[:-1]
+        where = f"{source}:{marks[path][0]}" if path in marks else source
         if err["type"] == "extra_forbidden":
-            lines.append(f"{source}: {loc}: unknown key")
+            lines.append(f"{where}: {loc}: unknown key")
         elif err["type"] == "missing":
-            lines.append(f"{source}: {loc}: required")
+            lines.append(f"{where}: {loc}: required")
         else:
-            lines.append(f"{source}: {loc}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"{where}: {loc}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)
 
 
@@ -136,18 +141,16 @@ def load_config(config: dict | str | Path, overrides: Sequence[str] = ()) -> tup
         source = str(path)
         if not path.is_file():
             raise UserError(f"{path}: config file not found")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise UserError(f"{path}: not valid YAML: {exc}") from None
+        doc = load_file(path, what="train config")  # SafeYamlError: file:line:col, exit 2
+        data, marks = (doc.data if doc.data is not None else {}), doc.marks
         base = path.resolve().parent
     else:
-        data, source, base = config, "config", Path.cwd()
+        data, source, base, marks = config, "config", Path.cwd(), {}
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping at the top level")
     data = apply_overrides(data, overrides)
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise UserError(_fmt_errors(exc, source)) from None
+        raise UserError(_fmt_errors(exc, source, marks)) from None
     return cfg, base

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import UserError
+from .rowcheck import Locate, check_rows, detect_format, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
@@ -31,60 +32,39 @@ def looks_like_hub_id(path: str) -> bool:
     )
 
 
-def check_jsonl(path: Path) -> None:
-    """Report the first malformed line as file:line before `datasets` gives its own traceback."""
-    with path.open("rb") as f:
-        for n, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise UserError(f"{path}:{n}: malformed JSON line: {exc}") from None
-            if not isinstance(obj, dict):
-                raise UserError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
-
-
-def _load_file(path: Path, field: str):
+def _read(builder: str, files: list[Path], field: str):
     import datasets
 
-    builder = SUFFIX_BUILDER.get(path.suffix.lower())
-    if builder is None:
-        raise UserError(f"{field}: {path}: unsupported file type (use .jsonl, .parquet, .csv or a datasets folder)")
-    if path.suffix.lower() == ".jsonl":
-        check_jsonl(path)
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
+        return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
     except Exception as exc:  # pyarrow/pandas parse errors name no line we can trust
-        raise UserError(f"{field}: {path}: could not be read as {builder}: {exc}") from None
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{field}: {files[0]}: could not be read as {builder}: {reason}") from None
 
 
-def _load_dir(path: Path, split: str, field: str):
+def _files_of(path: Path, field: str) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIX_BUILDER)
+        if not files:
+            raise UserError(f"{field}: {path}: a folder with neither a saved dataset nor data files")
+        return files
+    if path.suffix.lower() not in SUFFIX_BUILDER:
+        raise UserError(f"{field}: {path}: unsupported file type (use .jsonl, .parquet, .csv or a datasets folder)")
+    return [path]
+
+
+def _load_saved(path: Path, split: str, field: str):
     import datasets
 
-    if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
-        ds = datasets.load_from_disk(str(path))
-        if isinstance(ds, datasets.DatasetDict):
-            if split not in ds:
-                raise UserError(f"{field}: {path}: no split {split!r} (has {', '.join(ds)})")
-            ds = ds[split]
-        return ds
-    files = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIX_BUILDER)
-    if not files:
-        raise UserError(f"{field}: {path}: a folder with neither a saved dataset nor data files")
-    for f in files:
-        if f.suffix.lower() == ".jsonl":
-            check_jsonl(f)
-    builder = SUFFIX_BUILDER[files[0].suffix.lower()]
-    return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise UserError(f"{field}: {path}: no split {split!r} (has {', '.join(ds)})")
+        ds = ds[split]
+    return ds
 
 
-def load_raw(path: str, split: str, base: Path, field: str = "data.path"):
-    local = resolve_local(path, base)
-    if local is not None:
-        return _load_dir(local, split, field) if local.is_dir() else _load_file(local, field)
-    if not looks_like_hub_id(path):
-        raise UserError(f"{field}: {path}: no such file or folder")
+def _load_hub(path: str, split: str, field: str):
     import datasets
 
     try:
@@ -94,15 +74,33 @@ def load_raw(path: str, split: str, base: Path, field: str = "data.path"):
                         f"(offline? set HF_HOME to a cache that has it): {exc}") from None
 
 
-def detect_format(columns: list[str], text_field: str) -> str:
-    if "messages" in columns or "conversations" in columns:
-        return "messages"
-    if "instruction" in columns and "output" in columns:
-        return "alpaca"
-    if text_field in columns:
-        return "text"
-    raise UserError(f"data.format: cannot tell the format from columns {columns}; "
-                    f"expected '{text_field}', 'instruction'+'output', or 'messages'")
+def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field: str):
+    """(dataset, format, locate): every row checked against the format (detected when `auto`)."""
+    local = resolve_local(path, base)
+    locate: Locate | None = None
+    if local is not None and local.is_dir() and any((local / f).exists() for f in ("dataset_dict.json", "state.json")):
+        ds, where = _load_saved(local, split, field), str(local)
+    elif local is not None:
+        files = _files_of(local, field)
+        if all(f.suffix.lower() == ".jsonl" for f in files):
+            fmt, locate = scan_jsonl(files, fmt, text_field, field)  # before pyarrow sees the rows
+        ds = _read(SUFFIX_BUILDER[files[0].suffix.lower()], files, field)
+        where = str(files[0]) if len(files) == 1 else str(local)
+    elif looks_like_hub_id(path):
+        ds, where = _load_hub(path, split, field), path
+    else:
+        raise UserError(f"{field}: {path}: no such file or folder")
+    if len(ds) == 0:
+        raise UserError(f"{field}: {path}: the dataset is empty")
+    if fmt == "auto":
+        fmt = detect_format(ds.column_names, text_field)
+    if locate is None:  # not JSONL: every row checked here, named by its index
+
+        def locate(i: int) -> str:
+            return f"{where} row {i + 1}"
+
+        check_rows(iter(ds), fmt, text_field, locate, field)
+    return ds, fmt, locate
 
 
 def _alpaca(row: dict[str, Any]) -> dict[str, str]:
@@ -116,43 +114,44 @@ def _alpaca(row: dict[str, Any]) -> dict[str, str]:
 
 
 def shape(ds, fmt: str, text_field: str, path: str):
-    """Map rows to what SFTTrainer expects: `text`, `prompt`+`completion`, or `messages`."""
+    """Map rows (already checked against `fmt`) to what SFTTrainer expects: `text`,
+    `prompt`+`completion`, or `messages`. Row order is kept, so a row's index still locates it."""
     cols = list(ds.column_names)
-    if fmt == "auto":
-        fmt = detect_format(cols, text_field)
     if fmt == "text":
         if text_field not in cols:
             raise UserError(f"data.text_field: {path}: no column {text_field!r} (has {cols})")
         ds = ds.select_columns([text_field])
-        return (ds.rename_column(text_field, "text") if text_field != "text" else ds), fmt
+        return ds.rename_column(text_field, "text") if text_field != "text" else ds
     if fmt == "alpaca":
         missing = [c for c in ("instruction", "output") if c not in cols]
         if missing:
             raise UserError(f"data.format: alpaca: {path}: missing column(s) {missing} (has {cols})")
-        return ds.map(_alpaca, remove_columns=cols), fmt
+        return ds.map(_alpaca, remove_columns=cols)
     key = "messages" if "messages" in cols else "conversations" if "conversations" in cols else None
     if key is None:
         raise UserError(f"data.format: messages: {path}: no 'messages' column (has {cols})")
     ds = ds.select_columns([key])
-    if key != "messages":
-        ds = ds.rename_column(key, "messages")
-    bad = next((i for i, m in enumerate(ds["messages"]) if not isinstance(m, list) or not m
-                or not all(isinstance(x, dict) and "role" in x and "content" in x for x in m)), None)
-    if bad is not None:
-        raise UserError(f"data: {path}: row {bad + 1}: 'messages' must be a list of {{role, content}}")
-    return ds, fmt
+    return ds.rename_column(key, "messages") if key != "messages" else ds
 
 
-def load_datasets(cfg, base: Path):
-    """(train, eval or None, format) for the config's `data` section."""
+# check(dataset, format, locate, field): more checks on a shaped dataset (the tokenizer's, in
+# preflight.py), run before the eval split so a row's index still locates it.
+Check = Callable[[Any, str, Locate, str], None]
+
+
+def load_datasets(cfg, base: Path, check: Check | None = None):
+    """(train, eval or None, format) for the config's `data` section, every row checked."""
     d = cfg.data
-    train = load_raw(d.path, d.split, base)
-    if len(train) == 0:
-        raise UserError(f"data.path: {d.path}: the dataset is empty")
-    train, fmt = shape(train, d.format, d.text_field, d.path)
+    train, fmt, where = load_raw(d.path, d.split, base, "data.path", d.format, d.text_field)
+    train = shape(train, fmt, d.text_field, d.path)
+    if check:
+        check(train, fmt, where, "data.path")
     evald = None
     if d.eval_path:
-        evald, _ = shape(load_raw(d.eval_path, d.split, base, "data.eval_path"), fmt, d.text_field, d.eval_path)
+        evald, _, where = load_raw(d.eval_path, d.split, base, "data.eval_path", fmt, d.text_field)
+        evald = shape(evald, fmt, d.text_field, d.eval_path)
+        if check:
+            check(evald, fmt, where, "data.eval_path")
     elif d.eval_split > 0:
         parts = train.train_test_split(test_size=d.eval_split, seed=cfg.train.seed)
         train, evald = parts["train"], parts["test"]

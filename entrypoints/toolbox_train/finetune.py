@@ -23,38 +23,53 @@ from typing import Any, Sequence
 
 import yaml
 
-from .data import load_datasets
-from .errors import ToolError, UserError
+from . import preflight, report
+from .entry import add_debug, debug_wanted, guarded
+from .errors import UserError
 from .files import atomic_write
-from . import report
-from .plan import LAUNCH_DIR, Dist, Plan, log, plan  # noqa: F401  (re-exported: launch, tests)
+from .plan import LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
 
 
 def _trim_metrics(path: Path, upto: int) -> None:
     # Resuming from step k: drop the lines of steps after k that the interrupted run logged.
     if path.exists():
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= upto]
+        keep = [ln for ln in path.read_text(errors="replace").splitlines() if (_step_of(ln) or upto + 1) <= upto]
         atomic_write(path, "".join(ln + "\n" for ln in keep))
 
 
-def prepare_output(p: Plan, fmt: str, overwrite: bool) -> None:
-    """Rank 0, after every check: empty the folder (--overwrite), trim the metrics of a resumed
-    run, write config.resolved.yaml."""
-    if overwrite and p.out.exists():
-        for child in p.out.iterdir():
-            if child.name != LAUNCH_DIR:
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+def _step_of(line: str) -> int | None:
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):  # a line cut short by the crash
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _remove(p: Path) -> None:
+    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
+    """Rank 0, after every check: empty the folder (--overwrite) or clear what a run that never
+    reached step 1 left; trim the metrics of a resumed run; write config.resolved.yaml."""
+    if p.out.exists():
+        clear = ([c for c in p.out.iterdir() if c.name != LAUNCH_DIR] if overwrite
+                 else [] if resume else pre_step_leftovers(p.out) or [])
+        for child in clear:
+            _remove(child)
     p.out.mkdir(parents=True, exist_ok=True)
     if p.resume_from is not None:
         step = json.loads((p.resume_from / "trainer_state.json").read_text())["global_step"]
         _trim_metrics(p.out / "metrics.jsonl", step)
         log(f"resuming from {p.resume_from}")
+    elif resume:
+        _trim_metrics(p.out / "metrics.jsonl", 0)  # starting over: the lines of the lost steps go
     resolved = p.cfg.model_dump(mode="json")
     resolved["model"]["path"] = p.model_path
     resolved["_resolved"] = {"backend": p.backend, "precision": p.precision, "world_size": p.world_size,
                              "gradient_accumulation_steps": p.grad_accum, "liger": p.liger,
                              "data_format": fmt, "sync": p.sync}
-    atomic_write(p.out / "config.resolved.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    atomic_write(p.out / RESOLVED_CONFIG, yaml.safe_dump(resolved, sort_keys=False))
 
 
 def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool = False,
@@ -66,7 +81,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         resume, overwrite = True, False
         log(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from the newest complete checkpoint")
     p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0)
-    train_ds, eval_ds, fmt = load_datasets(p.cfg, p.base)  # bad data is still bad input: before the model
+    train_ds, eval_ds, fmt = preflight.validate(p)  # bad data is still bad input: before the model
     exports = report.parse_exports(p.cfg.output.export)
     if any(a[1] == "gguf" for a in exports):
         from .llamacpp import find_tools
@@ -77,7 +92,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     log(f"backend {p.backend}, method {p.cfg.method}, data {fmt} ({len(train_ds)} rows), "
         f"precision {p.precision}, world size {p.world_size}, grad accumulation {p.grad_accum}, liger {p.liger}")
     if dist.rank == 0:
-        prepare_output(p, fmt, overwrite)
+        prepare_output(p, fmt, resume, overwrite)
 
     import transformers
 
@@ -157,22 +172,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--overwrite", action="store_true", help="empty a non-empty output folder first")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout "
                     "(default: a short human summary; the same JSON is in OUTPUT/summary.json)")
-    return ap
+    return add_debug(ap)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> int:
         summary = run(args.config, args.set, resume=args.resume, overwrite=args.overwrite)
-    except (UserError, ToolError) as exc:
-        print(f"finetune: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("finetune: interrupted", file=sys.stderr)
-        return 130
-    if Dist.from_env().rank == 0:
-        print(json.dumps(summary) if args.json else report.human(summary))
-    return 0
+        if Dist.from_env().rank == 0:
+            print(json.dumps(summary) if args.json else report.human(summary))
+        return 0
+
+    return guarded("finetune", body, args.debug or debug_wanted(argv))
 
 
 if __name__ == "__main__":

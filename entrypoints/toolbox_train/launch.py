@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from . import finetune, rdma
+from . import finetune, preflight, rdma
+from .entry import add_debug, debug_wanted, guarded
 from .errors import ToolError, UserError
 from .files import atomic_write
 from .plan import LAUNCH_DIR, plan
@@ -95,11 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cpu", action="store_true", help="CPU only, gloo (hides GPUs from the ranks)")
     ap.add_argument("--max-restarts", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="resolve, write and print the settings; do not run")
-    return ap
+    return add_debug(ap)
 
 
 def resolve(argv: list[str]) -> dict[str, Any]:
     if "--" not in argv:
+        build_parser().parse_args(argv)  # --help, or a usage error, before the missing `--`
         raise UserError("expected `-- finetune --config X ...` after the launch options")
     i = argv.index("--")
     args = build_parser().parse_args(argv[:i])
@@ -130,6 +132,7 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     # Everything the ranks would refuse, refused here first: before any process starts.
     p = plan(ft.config, ft.set, resume=ft.resume, overwrite=ft.overwrite, world_size=world,
              fsdp=args.strategy == "fsdp", gpu=not cpu, import_backend=False, sync_mode=sync)
+    preflight.validate(p)  # every dataset row, the chat template, the lengths: before any rank starts
     if args.strategy == "fsdp" and cpu and not args.dry_run:
         raise UserError("--strategy fsdp needs GPUs (accelerate refuses FSDP on CPU); use --strategy ddp --cpu")
     if sync != "every-step" and args.strategy == "fsdp":
@@ -180,11 +183,12 @@ def resolve(argv: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        r = resolve(argv)
-    except (UserError, ToolError) as exc:
-        print(f"launch: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    return guarded("launch", lambda: _launch(argv), debug_wanted(own))
+
+
+def _launch(argv: list[str]) -> int:
+    r = resolve(argv)
     a, p = r["args"], r["plan"]
     settings = {
         "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",

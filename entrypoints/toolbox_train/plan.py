@@ -116,16 +116,56 @@ def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool) -> str:
     return "hf"
 
 
+# What a run writes before its first optimizer step (with `launch`'s folder): an output folder
+# holding only these is treated as empty, so a run that failed before step 1 (OOM while loading,
+# a crash in the first step) is rerun without --overwrite.
+RESOLVED_CONFIG = "config.resolved.yaml"
+PRE_STEP = ("checkpoints", "tensorboard")
+
+
+def pre_step_leftovers(out: Path) -> list[Path] | None:
+    """What a run that never reached step 1 left in `out` (to clear before a fresh start), or
+    None when `out` holds more than that (a step was taken, or the files are not ours)."""
+    entries = [p for p in out.iterdir() if p.name != LAUNCH_DIR]
+    if not entries:
+        return []
+    if not (out / RESOLVED_CONFIG).is_file():
+        return None
+    for p in entries:
+        if p.name == RESOLVED_CONFIG or (p.name == "tensorboard" and p.is_dir()):
+            continue
+        if p.name == "checkpoints" and p.is_dir() and not checkpoints.listed(p):
+            continue
+        return None
+    return entries
+
+
 def output_problem(out: Path, resume: bool, overwrite: bool) -> str | None:
     if not out.exists():
         return None
     if not out.is_dir():
         return f"output.dir: {out}: exists and is not a folder"
-    entries = [p.name for p in out.iterdir() if p.name != LAUNCH_DIR]
-    if entries and not resume and not overwrite:
+    if not resume and not overwrite and pre_step_leftovers(out) is None:
+        entries = [p.name for p in out.iterdir() if p.name != LAUNCH_DIR]
         return (f"output.dir: {out}: not empty ({', '.join(sorted(entries)[:5])}); "
                 "pass --resume to continue or --overwrite to start over")
     return None
+
+
+def model_files_problem(model_path: str, cfg: TrainConfig) -> str | None:
+    """A truncated or corrupt weight file of the model (a local folder or the HF cache's copy)."""
+    from .weights import model_folder_problem
+
+    folder = Path(model_path)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model_path, revision=cfg.model.revision, local_files_only=True))
+        except Exception:  # not cached whole: from_pretrained will say what it lacks
+            return None
+    why = model_folder_problem(folder)
+    return f"model.path: {folder / why}" if why else None
 
 
 def batch_plan(cfg: TrainConfig, world: int) -> int:
@@ -182,6 +222,9 @@ def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite:
             raise UserError(f"{fld}: {value!r} is not one of {', '.join(names)}")
     model_path = resolve_model(cfg, base)
     mc = load_model_config(model_path, cfg)
+    why = model_files_problem(model_path, cfg)
+    if why:
+        raise UserError(why)
     tc = text_config(mc)
     max_pos = getattr(tc, "max_position_embeddings", None)
     if max_pos and cfg.data.max_seq_length > max_pos:

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from .entry import add_debug, debug_wanted, guarded
+from .errors import UserError
 from .files import atomic_write
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -43,8 +45,8 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
 
-class CheckError(Exception):
-    exit_code = 2
+class CheckError(UserError):
+    """Bad arguments (exit 2)."""
 
 
 def parse_size(text: str) -> int:
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-reduce-perf", choices=("auto", "on", "off"), default="auto",
                    help="run rccl-tests' all_reduce_perf afterwards: auto = when installed and on GPUs")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the local ranks are stopped")
-    return p
+    return add_debug(p)
 
 
 # ---------------------------------------------------------------- worker (one rank)
@@ -350,48 +352,48 @@ def parse_nccl_tests(out: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    try:
-        args.op_list = [o.strip() for o in args.ops.split(",") if o.strip()]
-        unknown = [o for o in args.op_list if o not in OPS]
-        if unknown or not args.op_list:
-            raise CheckError(f"--ops: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(OPS)}")
-        if args.iters < 1 or args.warmup < 0:
-            raise CheckError("--iters must be >= 1 and --warmup >= 0")
-        under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-        gpus = 0
-        if not args.cpu:
-            import torch
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if args.backend == "nccl" and gpus == 0:
-            raise CheckError("--backend nccl needs a visible GPU (drop --cpu, or use gloo)")
-        on_gpu = gpus > 0 and args.backend != "gloo"
-        args.min_bytes = args.min_bytes or ("8K" if on_gpu else "4K")
-        args.max_bytes = args.max_bytes or ("256M" if on_gpu else "4M")
-        args.size_list = size_list(args)
-        if under_launcher:
-            return run_rank(args)
-        if args.nproc is None:
-            args.nproc = gpus if on_gpu else 2
-        if args.nproc < 1:
-            raise CheckError("--nproc must be at least 1")
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        rc = spawn_local(args, argv)
-        want_perf = args.all_reduce_perf == "on" or (args.all_reduce_perf == "auto" and on_gpu and not args.cpu)
-        if want_perf:
-            binary = find_all_reduce_perf()
-            if binary is None:
-                if args.all_reduce_perf == "on":
-                    raise CheckError("--all-reduce-perf on: all_reduce_perf is not on PATH nor in "
-                                     + ", ".join(RCCL_TESTS_DIRS))
-                print("rccl-check: all_reduce_perf not installed (stack build_rccl_tests: true builds it); skipped")
-            else:
-                rc = max(rc, run_all_reduce_perf(binary, gpus if on_gpu else 1, max(8, args.size_list[0]),
-                                                 args.size_list[-1], args.timeout))
-        return rc
-    except CheckError as exc:
-        print(f"rccl-check: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    return guarded("rccl-check", lambda: _run(args, argv), args.debug or debug_wanted(argv))
+
+
+def _run(args, argv: list[str]) -> int:
+    args.op_list = [o.strip() for o in args.ops.split(",") if o.strip()]
+    unknown = [o for o in args.op_list if o not in OPS]
+    if unknown or not args.op_list:
+        raise CheckError(f"--ops: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(OPS)}")
+    if args.iters < 1 or args.warmup < 0:
+        raise CheckError("--iters must be >= 1 and --warmup >= 0")
+    under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    gpus = 0
+    if not args.cpu:
+        import torch
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.backend == "nccl" and gpus == 0:
+        raise CheckError("--backend nccl needs a visible GPU (drop --cpu, or use gloo)")
+    on_gpu = gpus > 0 and args.backend != "gloo"
+    args.min_bytes = args.min_bytes or ("8K" if on_gpu else "4K")
+    args.max_bytes = args.max_bytes or ("256M" if on_gpu else "4M")
+    args.size_list = size_list(args)
+    if under_launcher:
+        return run_rank(args)
+    if args.nproc is None:
+        args.nproc = gpus if on_gpu else 2
+    if args.nproc < 1:
+        raise CheckError("--nproc must be at least 1")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    rc = spawn_local(args, argv)
+    want_perf = args.all_reduce_perf == "on" or (args.all_reduce_perf == "auto" and on_gpu and not args.cpu)
+    if want_perf:
+        binary = find_all_reduce_perf()
+        if binary is None:
+            if args.all_reduce_perf == "on":
+                raise CheckError("--all-reduce-perf on: all_reduce_perf is not on PATH nor in "
+                                 + ", ".join(RCCL_TESTS_DIRS))
+            print("rccl-check: all_reduce_perf not installed (stack build_rccl_tests: true builds it); skipped")
+        else:
+            rc = max(rc, run_all_reduce_perf(binary, gpus if on_gpu else 1, max(8, args.size_list[0]),
+                                             args.size_list[-1], args.timeout))
+    return rc
 
 
 if __name__ == "__main__":

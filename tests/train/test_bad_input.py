@@ -65,7 +65,10 @@ def test_unknown_config_keys(setup, capsys):
     before = _snapshot(out)
     assert finetune.main(["--config", str(cfg)]) == 2
     err = capsys.readouterr().err
-    assert f"{cfg}: train.epoch: unknown key" in err and f"{cfg}: output.save_every: unknown key" in err
+    lines = cfg.read_text().splitlines()
+    at = {k: lines.index(f"  {k}: {v}") + 1 for k, v in (("epoch", 3), ("save_every", 5))}
+    assert f"{cfg}:{at['epoch']}: train.epoch: unknown key" in err
+    assert f"{cfg}:{at['save_every']}: output.save_every: unknown key" in err
     assert _snapshot(out) == before
     _check(capsys, ["--config", str(cfg.with_name("nope.yaml"))], "config file not found", out)
 

@@ -28,7 +28,8 @@ def test_unknown_keys_are_named_with_their_path(tmp_path):
     with pytest.raises(UserError) as e:
         load_config(p)
     msg = str(e.value)
-    assert f"{p}: train.learnig_rate: unknown key" in msg
+    line = p.read_text().splitlines().index("  learnig_rate: 1") + 1
+    assert f"{p}:{line}: train.learnig_rate: unknown key" in msg  # the line the key is written on
     assert "lora.rank: unknown key" in msg and "colour: unknown key" in msg
 
 

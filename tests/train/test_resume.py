@@ -106,11 +106,14 @@ def test_publish_merges_into_a_copy_another_node_published(tmp_path, tiny_model,
     cp = out / "checkpoints" / "checkpoint-2"
     other = tmp_path / "node1" / "checkpoint-2"  # node 1's copy: same files plus its own RNG state
     shutil.copytree(cp, other)
-    (other / "rng_state_1.pth").write_bytes(b"node1")
+    import torch
+
+    torch.save({"cpu": torch.arange(7, dtype=torch.uint8)}, other / "rng_state_1.pth")  # a loadable state
+    node1 = (other / "rng_state_1.pth").read_bytes()
     (other / "trainer_state.json").write_text("{}")  # must not replace node 0's
     before = (cp / "trainer_state.json").read_text()
     checkpoints.publish(other, cp)
-    assert (cp / "rng_state_1.pth").read_bytes() == b"node1" and (cp / "trainer_state.json").read_text() == before
+    assert (cp / "rng_state_1.pth").read_bytes() == node1 and (cp / "trainer_state.json").read_text() == before
     assert not other.exists()
     # A broken checkpoint of the same step is replaced whole.
     shutil.copytree(cp, other)

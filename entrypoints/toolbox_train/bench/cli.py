@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..entry import add_debug, debug_wanted, guarded
 from .orchestrate import run_matrix
 from .report import merge, render_table, write_report
 from .rows import worker
@@ -29,7 +30,8 @@ from .suites import SUITES, build_matrix, select_rows
 
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0])
+    if p is None:
+        p = add_debug(argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0]))
     sub = p.add_subparsers(dest="bench_cmd", required=True)
     r = sub.add_parser("run", help="run the matrix and write results.json, results.md, chart.png")
     r.add_argument("--shapes", default="llama-1b", help=f"comma-separated, of: {', '.join(SHAPES)}")
@@ -93,15 +95,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["_row"]:
+    if argv[:1] == ["_row"]:  # one row's worker process: its log keeps the traceback of a failed row
         return worker(argv[1], argv[2])
     args = build_parser().parse_args(argv)
-    try:
-        return dispatch(args)
-    except BenchError as e:
-        print(f"bench: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return guarded("bench", lambda: dispatch(args), args.debug or debug_wanted(argv))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import UserError
+
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(  # Llama-3.2-1B
         model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
@@ -50,7 +52,7 @@ SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-class BenchError(Exception):
+class BenchError(UserError):
     """Bad input to the harness (exit 2)."""
 
 

@@ -1,0 +1,53 @@
+"""What every training CLI (finetune, launch, bench, rccl-check) does with an exception that
+reaches it: one line and a non-zero exit; the traceback only with --debug or TOOLBOX_DEBUG=1.
+The same contract as the host's `toolbox` CLI (toolbox/cli.py), which this package cannot import."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import Callable, Sequence
+
+from .errors import ToolError, UserError
+
+DEBUG_HELP = "show the traceback of an error (or TOOLBOX_DEBUG=1)"
+
+
+def add_debug(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    return parser
+
+
+def debug_wanted(argv: Sequence[str]) -> bool:
+    return os.environ.get("TOOLBOX_DEBUG") == "1" or "--debug" in argv
+
+
+def guarded(prog: str, body: Callable[[], int | None], debug: bool) -> int:
+    """Run `body`; turn what escapes it into a message and an exit code."""
+    try:
+        code = int(body() or 0)
+        sys.stdout.flush()
+        return code
+    except (UserError, ToolError) as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `bench list | head -1`: the reader left; say nothing, and keep Python's own flush at
+        # exit from failing on the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # noqa: BLE001 (the entry point's last line of defence)
+        if debug:
+            traceback.print_exc()
+        else:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            print(f"{prog}: internal error: {type(exc).__name__}: {reason[:500]} "
+                  "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1

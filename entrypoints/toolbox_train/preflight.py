@@ -1,0 +1,91 @@
+"""The checks that need the tokenizer but not the model, run on every row before anything is
+written: the chat template over every conversation, and the rows whose whole completion
+truncation at data.max_seq_length would cut (TRL drops them; all of them is bad input)."""
+
+from __future__ import annotations
+
+from itertools import islice
+
+from .data import Locate, load_datasets
+from .errors import UserError
+from .plan import Plan, log
+from .rowcheck import NAMED, refuse
+
+
+def load_tokenizer(p: Plan):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(p.model_path, revision=p.cfg.model.revision,
+                                            trust_remote_code=p.cfg.model.trust_remote_code)
+    except Exception as exc:  # missing/corrupt tokenizer files: tokenizers, sentencepiece, json errors
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"model.path: {p.model_path}: cannot load the tokenizer: {reason[:300]}") from None
+    return getattr(tok, "tokenizer", tok)
+
+
+def _rows(ds, column: str):
+    for batch in ds.iter(batch_size=256):
+        yield from batch[column]
+
+
+def check_chat_template(tok, ds, locate: Locate, field: str) -> None:
+    bad: list[tuple[str, str]] = []
+    count = total = 0
+    for i, messages in enumerate(_rows(ds, "messages")):
+        total += 1
+        try:
+            tok.apply_chat_template(messages, tokenize=False)
+        except Exception as exc:  # jinja2's TemplateError (raise_exception), or no template at all
+            count += 1
+            if len(bad) < NAMED:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                bad.append((locate(i), f"the model's chat template rejects this conversation: {reason[:200]}"))
+    refuse(bad, count, total, field)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def check_completion_lengths(tok, ds, locate: Locate, field: str, max_len: int) -> None:
+    """Prompt-completion rows: the completion starts where the tokenized prompt and
+    prompt+completion+EOS part (as TRL computes it); truncation keeps the first `max_len` tokens."""
+    eos = tok.eos_token or ""
+    lost: list[int] = []
+    total = 0
+    for i, (prompt, completion) in enumerate(zip(_rows(ds, "prompt"), _rows(ds, "completion"))):
+        total += 1
+        full = completion if completion.endswith(eos) else completion + eos
+        start = _common_prefix(tok(prompt)["input_ids"], tok(prompt + full)["input_ids"])
+        if start >= max_len:
+            lost.append(i)
+    if not lost:
+        return
+    named = ", ".join(locate(i) for i in islice(lost, NAMED))
+    msg = (f"{len(lost)} of {total} rows lose their whole completion to truncation at "
+           f"data.max_seq_length {max_len} (the prompt alone fills it), e.g. {named}")
+    if len(lost) == total:
+        raise UserError(f"{field}: {msg}; raise data.max_seq_length or shorten the prompts")
+    log(f"warning: {field}: {msg}; they are left out")
+
+
+def validate(p: Plan):
+    """Every dataset row against the format, then the tokenizer's checks: (train, eval, format).
+
+    Runs before anything is written (finetune) or any rank starts (launch).
+    """
+    tok = load_tokenizer(p)
+
+    def check(ds, fmt: str, locate: Locate, field: str) -> None:
+        if fmt == "messages":
+            check_chat_template(tok, ds, locate, field)
+        elif fmt == "alpaca" and not p.cfg.data.packing:  # packing chunks rows instead of truncating
+            check_completion_lengths(tok, ds, locate, field, p.cfg.data.max_seq_length)
+
+    return load_datasets(p.cfg, p.base, check=check)

@@ -1,0 +1,82 @@
+"""Every training CLI (finetune, launch, bench, rccl-check), run as the user runs it: broken
+input is one line and exit 2 with nothing written, an unexpected error one line and exit 1
+(the traceback only with --debug or TOOLBOX_DEBUG=1), --help works, a closed pipe is quiet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolbox_train import finetune
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+CLIS = {"finetune": "toolbox_train.finetune", "launch": "toolbox_train.launch", "bench": "toolbox_train.bench",
+        "rccl-check": "toolbox_train.rccl_check"}
+
+
+def _run(name: str, *args: str, cwd: Path | None = None, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", CLIS[name], *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=env or ENV)
+
+
+def _listing(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+@pytest.mark.parametrize("name", sorted(CLIS))
+def test_help(name):
+    r = _run(name, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage:") and "--debug" in r.stdout and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name,args,expect", [
+    ("finetune", ["--config", "missing.yaml"], "missing.yaml: config file not found"),
+    ("finetune", ["--config", "."], "config file not found"),
+    ("launch", ["--strategy", "ddp"], "expected `-- finetune --config X ...`"),
+    ("launch", ["--strategy", "ddp", "--sync", "local-sgd:x", "--", "finetune", "--config", "t.yaml"],
+     "--sync 'local-sgd:x': expected every-step or local-sgd:K"),
+    ("bench", ["run", "--device", "cpu", "--seq", "0", "--out", "o"], "--seq: must be >= 1"),
+    ("bench", ["render", "nope.json", "--out", "o"], "nope.json: cannot read results"),
+    ("rccl-check", ["--ops", "bogus", "--json", "r.json"], "--ops: unknown bogus"),
+    ("rccl-check", ["--sizes", "12Q"], "size '12Q'"),
+])
+def test_broken_input_is_one_line_exit_2_nothing_written(tmp_path, name, args, expect):
+    r = _run(name, *args, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and expect in r.stderr, r.stderr
+    assert r.stderr.startswith(f"{name}: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert _listing(tmp_path) == []
+
+
+def test_an_unexpected_error_is_one_line_unless_debugging(monkeypatch, capsys):
+    def boom(*a, **kw):
+        raise RuntimeError("disk on fire\nsecond line")
+
+    monkeypatch.setattr(finetune, "run", boom)
+    monkeypatch.delenv("TOOLBOX_DEBUG", raising=False)
+    assert finetune.main(["--config", "x.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("finetune: internal error: RuntimeError: disk on fire "
+                   "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)\n")
+    assert finetune.main(["--config", "x.yaml", "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+    monkeypatch.setenv("TOOLBOX_DEBUG", "1")
+    assert finetune.main(["--config", "x.yaml"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,args", [("bench", ["list", "--suite", "all", "--shapes", "llama-1b"]),
+                                       ("finetune", ["--help"]), ("launch", ["--help"])])
+def test_a_reader_that_leaves_early_is_quiet(name, args):
+    # `bench list | head -1`: the reader is gone before the output is written (closed here at once).
+    p = subprocess.Popen([sys.executable, "-m", CLIS[name], *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=ENV)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and err == "", err
