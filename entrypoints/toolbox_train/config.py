@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -136,6 +137,13 @@ def _fmt_errors(exc: ValidationError, source: str, marks: dict[tuple, tuple[int,
 
 def load_config(config: dict | str | Path, overrides: Sequence[str] = ()) -> tuple[TrainConfig, Path]:
     """Return the validated config and the folder relative paths in it are resolved against."""
+    cfg, base, _ = load_located(config, overrides)
+    return cfg, base
+
+
+def load_located(config: dict | str | Path, overrides: Sequence[str] = ()) -> tuple[TrainConfig, Path, Callable]:
+    """load_config, and `where(message)`: the message of a later check on a field, prefixed with
+    where the field is written (`train.yaml:12: ...`, or `--set ...`), unchanged when it names none."""
     if isinstance(config, (str, Path)):
         path = Path(config)
         source = str(path)
@@ -153,4 +161,18 @@ def load_config(config: dict | str | Path, overrides: Sequence[str] = ()) -> tup
         cfg = TrainConfig.model_validate(data)
     except ValidationError as exc:
         raise UserError(_fmt_errors(exc, source, marks)) from None
-    return cfg, base
+    set_keys = [item.partition("=")[0].strip() for item in overrides]
+
+    def where(message: str) -> str:
+        m = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", message)
+        if not m or m.group(1).split(".")[0] not in TrainConfig.model_fields:
+            return message
+        field = m.group(1)
+        if any(field == k or field.startswith(k + ".") for k in set_keys):
+            return f"--set {message}"
+        path = tuple(field.split("."))
+        while path and path not in marks:
+            path = path[:-1]
+        return f"{source}:{marks[path][0]}: {message}" if path in marks else f"{source}: {message}"
+
+    return cfg, base, where

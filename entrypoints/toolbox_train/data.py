@@ -93,7 +93,7 @@ def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field
     if len(ds) == 0:
         raise UserError(f"{field}: {path}: the dataset is empty")
     if fmt == "auto":
-        fmt = detect_format(ds.column_names, text_field)
+        fmt = detect_format(ds.column_names, text_field, where)
     if locate is None:  # not JSONL: every row checked here, named by its index
 
         def locate(i: int) -> str:

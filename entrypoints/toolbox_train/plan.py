@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import checkpoints
-from .config import TrainConfig, load_config
+from .config import TrainConfig, load_located
 from .data import looks_like_hub_id, resolve_local
 from .errors import UserError
 from .sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
@@ -182,11 +182,21 @@ def batch_plan(cfg: TrainConfig, world: int) -> int:
 def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite: bool = False,
          world_size: int | None = None, check_output: bool = True, fsdp: bool | None = None,
          gpu: bool | None = None, import_backend: bool = True, sync_mode: str | None = None) -> Plan:
-    """All the cheap checks, in order; raises UserError on the first bad input.
+    """All the cheap checks, in order; raises UserError on the first bad input, prefixed with
+    where in the config the field it names is written.
 
     `sync_mode`: the gradient-sync mode (launch passes its --sync); None reads TOOLBOX_SYNC.
     """
-    cfg, base = load_config(config, overrides)
+    cfg, base, where = load_located(config, overrides)
+    try:
+        return _checks(cfg, base, resume, overwrite, world_size, check_output, fsdp, gpu, import_backend, sync_mode)
+    except UserError as exc:
+        raise UserError(where(str(exc))) from None
+
+
+def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_size: int | None,
+            check_output: bool, fsdp: bool | None, gpu: bool | None, import_backend: bool,
+            sync_mode: str | None) -> Plan:
     sync_mode = sync_from_env() if sync_mode is None else sync_mode
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other")

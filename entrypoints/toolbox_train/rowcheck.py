@@ -19,7 +19,7 @@ ROLE_KEYS = ("messages", "conversations")
 Locate = Callable[[int], str]  # row index -> "file:line" (or "file row N")
 
 
-def detect_format(columns: Iterable[str], text_field: str) -> str:
+def detect_format(columns: Iterable[str], text_field: str, where: str) -> str:
     columns = list(columns)
     if any(k in columns for k in ROLE_KEYS):
         return "messages"
@@ -27,7 +27,7 @@ def detect_format(columns: Iterable[str], text_field: str) -> str:
         return "alpaca"
     if text_field in columns:
         return "text"
-    raise UserError(f"data.format: cannot tell the format from columns {columns}; "
+    raise UserError(f"data.format: {where}: cannot tell the format from columns {columns}; "
                     f"expected '{text_field}', 'instruction'+'output', or 'messages'")
 
 
@@ -110,7 +110,7 @@ def scan_jsonl(paths: list[Path], fmt: str, text_field: str, field: str) -> tupl
             raise UserError(f"{field}: {path}: {'the file is empty' if empty else 'only blank lines'}; "
                             "expected one JSON object per line")
     if fmt == "auto":
-        fmt = detect_format(keys, text_field)
+        fmt = detect_format(keys, text_field, str(paths[0]) if len(paths) == 1 else str(paths[0].parent))
 
     def locate(i: int) -> str:
         path, n = lines[i]
