@@ -87,7 +87,7 @@ def _two_nodes(tmp_path, model, extra_env=None, resume=False):
         procs.append(subprocess.Popen(
             [*_launch_cmd(), "--strategy", "ddp", "--nproc", "1", "--cpu", "--nnodes", "2", "--node-rank",
              str(rank), "--master-addr", "127.0.0.1", "--master-port", port, "--sync", "local-sgd:2",
-             "--max-restarts", "0", "--", "finetune", "--config", str(cfgn), *(["--resume"] if resume else [])],
+             "--max-restarts", "0", "--", "finetune", "--config", str(cfgn), "--json", *(["--resume"] if resume else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**_env(), "TOOLBOX_COUNT_GRAD_ALLREDUCE": "1", **(extra_env or {})}))
     results = [p.communicate(timeout=400) for p in procs]
