@@ -122,7 +122,7 @@ def test_toolbx_packages_and_profile(tmp_path):
     text = render_dockerfile(load_stack("gfx1151"))
     for pkg in ("sudo", "passwd", "shadow-utils", "util-linux", "procps-ng", "iproute"):
         assert f"      {pkg}" in text
-    assert "COPY scripts/profile.sh /etc/profile.d/toolbox.sh" in text
+    assert "COPY scripts/profile.sh /etc/profile.d/toolbox-image.sh" in text
     ctx = write_context(load_stack("cpu"), tmp_path / "ctx")
     prof = (ctx / "scripts" / "profile.sh").read_text()
     assert "/opt/venv/bin" in prof and "ROCM_PATH" not in prof

@@ -55,14 +55,19 @@ def check_rocm_host(dev_root: str = "/dev") -> None:
         )
 
 
-def gpu_options(platform: str, spec: RunSpec, dev_root: str = "/dev") -> None:
+def gpu_options(platform: str, spec: RunSpec, dev_root: str = "/dev", rootless: bool = False) -> None:
+    """ROCm: the device nodes and the groups that own them. A rootful engine adds the host's
+    video/render GIDs by number (an image may lack a `render` group by name, and then
+    `--group-add render` fails at start). Rootless podman (and distrobox on it) cannot map host
+    GIDs into its user namespace: `--group-add keep-groups` keeps the caller's own groups."""
     if platform == "rocm":
         spec.devices += [f"{dev_root}/kfd", f"{dev_root}/dri"]
-        spec.groups += [_group_ref("video"), _group_ref("render")]
+        spec.groups += ["keep-groups"] if rootless else [_group_ref("video"), _group_ref("render")]
         spec.security_opts.append("seccomp=unconfined")
         if Path(dev_root, "infiniband").exists():
             spec.devices.append(f"{dev_root}/infiniband")
-            spec.groups.append(_group_ref("rdma"))
+            if not rootless:
+                spec.groups.append(_group_ref("rdma"))
             spec.ulimits["memlock"] = "-1:-1"
     elif platform == "cuda":
         spec.gpus = "all"
@@ -122,7 +127,7 @@ def run_spec(
     dev_root: str = "/dev",
 ) -> RunSpec:
     spec = RunSpec(image=image, command=list(command), name=name, ipc_host=True, network=network)
-    gpu_options(platform, spec, dev_root)
+    gpu_options(platform, spec, dev_root, rootless=engine == "podman" and os.geteuid() != 0)
     ws = (workspace or Path.cwd()).resolve()
     spec.mounts.append(Mount(str(ws), CONTAINER_WORKSPACE))
     spec.workdir = CONTAINER_WORKSPACE

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from enginekit import toolbox
+from helpers.enginekit import toolbox
 from toolbox.run_options import run_spec
 
 
@@ -42,6 +42,20 @@ def test_rocm_run_options(fake_dev, tmp_path):
     assert not cpu.devices and not cpu.security_opts and cpu.gpus is None
     cuda = run_spec(engine="docker", platform="cuda", image="img", command=["true"], workspace=tmp_path, hf_cache=tmp_path / "hf")
     assert cuda.gpus == "all" and not cuda.devices
+
+
+def test_rootless_podman_keeps_the_callers_groups(fake_dev, tmp_path):
+    from toolbox.engines import RunSpec
+    from toolbox.run_options import gpu_options
+
+    # rootless podman (and distrobox on it) cannot map host GIDs: keep-groups, never names/GIDs
+    spec = RunSpec(image="img", command=[])
+    gpu_options("rocm", spec, str(fake_dev), rootless=True)
+    assert spec.groups == ["keep-groups"] and spec.ulimits == {"memlock": "-1:-1"}
+    assert spec.device_flags().count("--group-add") == 1
+    spec = RunSpec(image="img", command=[])
+    gpu_options("rocm", spec, str(fake_dev), rootless=False)
+    assert len(spec.groups) == 3 and "keep-groups" not in spec.groups
 
 
 def test_run_dry_run_rocm_podman(tmp_path, monkeypatch):
@@ -104,10 +118,21 @@ def test_bad_mount(tmp_path):
 def test_toolbx_and_distrobox_run_in_the_named_container(tmp_path):
     cp = toolbox("run", "--stack", "cpu", "--engine", "distrobox", "--name", "tb", "--workspace", str(tmp_path),
                  "--dry-run", "--", "finetune", "--config", "x.yaml")
-    assert argv_of(cp) == ["distrobox", "enter", "--name", "tb", "--", "finetune", "--config", "x.yaml"]
+    # distrobox-enter 1.4 re-evaluates its arguments: the argv travels base64-encoded, decoded by
+    # a script free of quotes/globs/double spaces, after the image's profile (host PATH otherwise)
+    argv = argv_of(cp)
+    assert argv[:8] == ["distrobox", "enter", "--name", "tb", "--", "sh", "-c", argv[7]] and argv[8] == "sh"
+    assert ". /etc/profile.d/toolbox-image.sh" in argv[7] and not set("'\"*?[") & set(argv[7] + argv[9])
+    assert "  " not in argv[7] and len(argv) == 10
+    import base64
+
+    assert base64.b64decode(argv[9]).decode() == "exec finetune --config x.yaml"
     cp = toolbox("run", "--stack", "cpu", "--engine", "toolbx", "--name", "tb", "--workspace", str(tmp_path),
                  "--dry-run", "--", "finetune", "--config", "x.yaml", env={"TOOLBOX_TOOLBX": "/usr/bin/toolbox"})
-    assert argv_of(cp) == ["/usr/bin/toolbox", "run", "--container", "tb", "finetune", "--config", "x.yaml"]
+    # toolbx passes argv exactly; the image's profile puts /opt/venv/bin before the host's PATH
+    assert argv_of(cp) == ["/usr/bin/toolbox", "run", "--container", "tb", "sh", "-c",
+                           'test -r /etc/profile.d/toolbox-image.sh && . /etc/profile.d/toolbox-image.sh;exec "$@"',
+                           "sh", "finetune", "--config", "x.yaml"]
     cp = toolbox("run", "--stack", "cpu", "--engine", "distrobox", "--workspace", str(tmp_path), "--dry-run", "--", "true")
     assert cp.returncode == 1 and "--name" in cp.stderr
 

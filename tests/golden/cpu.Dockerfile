@@ -35,7 +35,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-COPY scripts/profile.sh /etc/profile.d/toolbox.sh
+COPY scripts/profile.sh /etc/profile.d/toolbox-image.sh
 
 # ---- runtime: only the builder stages' results; no compilers, no sources ----
 FROM base AS runtime

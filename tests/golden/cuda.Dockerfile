@@ -39,7 +39,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-COPY scripts/profile.sh /etc/profile.d/toolbox.sh
+COPY scripts/profile.sh /etc/profile.d/toolbox-image.sh
 
 # ---- devel: compilers for the builder stages (never copied into the runtime) ----
 FROM base AS devel

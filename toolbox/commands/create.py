@@ -31,7 +31,8 @@ def run(args) -> int:
         raise UserError(f"--name {name!r}: use letters, digits, '-', '_' or '.'")
     via = get_engine(args.via)
     spec = RunSpec(image=image, command=[], name=name)
-    gpu_options(platform, spec)
+    # distrobox runs as the user on rootless podman (it refuses root); toolbx takes no flags
+    gpu_options(platform, spec, rootless=os.geteuid() != 0)
     cmds = via.create_commands(name, image, spec)
     if args.dry_run:
         if platform == "rocm" and not os.path.exists("/dev/kfd"):

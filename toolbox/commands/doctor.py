@@ -22,7 +22,10 @@ def register(sub) -> None:
 
     p = sub.add_parser("doctor", help="check engine, GPU, image labels vs stack pins; in-container probe")
     add_target_args(p)
-    p.add_argument("--engine", choices=["podman", "docker"])
+    p.add_argument("--engine", choices=["podman", "docker", "toolbx", "distrobox"],
+                   help="toolbx/distrobox: check the container named by --name")
+    p.add_argument("--name", help="the toolbx/distrobox container to check")
+    p.add_argument("--network", metavar="MODE", help="container network of the --in-image probe (podman/Docker)")
     p.add_argument("--in-image", action="store_true", help="also run the probe inside the image")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -61,7 +64,7 @@ def label_checks(labels: dict, stack) -> list:
 
 def host_checks(args):
     from toolbox.commands.run import resolve_target
-    from toolbox.engines import ImageEngine, get_engine
+    from toolbox.engines import ContainerEngine, ImageEngine, get_engine
     from toolbox_train.doctor import Check
 
     checks = []
@@ -73,6 +76,8 @@ def host_checks(args):
     except (ToolError, UserError) as exc:
         engine = None
         checks.append(Check("engine", "fail", "no container engine", str(exc)))
+    if isinstance(engine, ContainerEngine):
+        return container_checks(args, engine, checks)
     images = engine if isinstance(engine, ImageEngine) and engine.available() else None
     image, platform, stack = resolve_target(args, images)
     if platform == "rocm":
@@ -97,6 +102,35 @@ def host_checks(args):
             if stack is not None:
                 checks += label_checks(info.get("labels") or {}, stack)
     return checks, engine, image, platform, stack, info
+
+
+def container_checks(args, engine, checks):
+    """toolbx/distrobox: the tool, the user it accepts, the container --name and its labels."""
+    from toolbox.commands.run import resolve_target
+    from toolbox.stack import load_stack
+    from toolbox_train.doctor import Check
+
+    try:
+        engine.check_user()
+    except UserError as exc:
+        checks.append(Check("user", "fail", str(exc).split(";")[0], str(exc)))
+    labels = None
+    if not args.name:
+        checks.append(Check("container", "fail", "no --name given", f"pass --name C (`toolbox create --via {engine.name}` made it)"))
+    elif engine.available():
+        labels = engine.container_labels(args.name)
+        checks.append(Check("container", "fail" if labels is None else "ok",
+                            f"{args.name} " + ("not found" if labels is None else "exists"),
+                            f"toolbox create --via {engine.name} --name {args.name}" if labels is None else ""))
+    stack_name = (labels or {}).get(LABEL_PREFIX + "stack")
+    if not args.stack and not args.image and stack_name:
+        stack = load_stack(stack_name)  # the container's own stack
+        image, platform = args.name, stack.platform
+    else:
+        image, platform, stack = resolve_target(args)
+    if labels is not None and stack is not None:
+        checks += label_checks(labels, stack)
+    return checks, engine, image, platform, stack, labels
 
 
 def _gid_ok(g: int) -> bool:
@@ -134,7 +168,8 @@ def run(args) -> int:
             cmd += ["--gpu-target", t]
         if args.json:
             cmd.append("--json")
-        spec = run_spec(engine=engine.name, platform=platform, image=image, command=cmd)
+        spec = run_spec(engine=engine.name, platform=platform, image=image, command=cmd,
+                        name=args.name, network=args.network)
         sys.stdout.flush()
         rc = max(rc, engine.run(spec))
     return rc

@@ -55,15 +55,61 @@ class ImageEngine(Engine):
     def image_info(self, ref: str) -> dict | None:
         """{'id', 'size', 'labels', 'layers'} or None when the image is missing."""
 
+    def built(self, iid: str, tag: str, log: list[str]) -> BuildResult:
+        """The result of a build tagged TAG, as the engine now reports the image."""
+        info = self.image_info(tag) or {}
+        return BuildResult(image_id=iid.removeprefix("sha256:"), tag=tag, size=int(info.get("size", 0)),
+                           labels=info.get("labels", {}), log=log)
+
+
+# The image's environment for shells that start from the host's (toolbx, distrobox): PATH with
+# /opt/venv/bin first, ROCm's variables (dockerfiles/scripts/profile.sh.j2). Sourced before CMD,
+# so `python` is the image's even where the host's PATH puts e.g. a pyenv shim first.
+IMAGE_PROFILE = "/etc/profile.d/toolbox-image.sh"  # not toolbox.sh: toolbx mounts its own over that
+_SOURCE_PROFILE = f"test -r {IMAGE_PROFILE} && . {IMAGE_PROFILE};"
+
 
 class ContainerEngine(Engine):
     """Runs CMD in the existing container `spec.name`, made by `create_commands`."""
+
+    @staticmethod
+    def in_image_env(argv: list[str]) -> list[str]:
+        """`sh -c ... sh ARGV`: ARGV run exactly, with the image's profile sourced first."""
+        return ["sh", "-c", _SOURCE_PROFILE + 'exec "$@"', "sh", *argv]
+
+    @staticmethod
+    def in_image_env_encoded(argv: list[str]) -> list[str]:
+        """As in_image_env, for a tool that re-parses its arguments through the shell
+        (distrobox-enter 1.4 evals them: parentheses, runs of spaces, newlines and quotes in
+        arguments break). ARGV travels base64-encoded, one argument of [A-Za-z0-9+/=], and a
+        script free of quotes, globs and double spaces decodes it; with globbing off and IFS
+        empty the decoded, shell-quoted line reaches eval as it was written."""
+        import base64
+        import shlex
+
+        line = "exec " + shlex.join(argv)
+        script = _SOURCE_PROFILE + "set -f;IFS=;eval $(printf %s $1|base64 -d)"
+        return ["sh", "-c", script, "sh", base64.b64encode(line.encode()).decode()]
 
     @abstractmethod
     def create_commands(self, name: str, image: str, spec: RunSpec) -> list[list[str]]: ...
 
     def check_user(self) -> None:
         """Raise UserError when the tool refuses the calling user."""
+
+    def container_labels(self, name: str) -> dict | None:
+        """Labels of the container NAME (its image's, plus the tool's own); None when there is
+        none. Both tools keep their containers in the calling user's podman."""
+        try:
+            cp = subprocess.run(["podman", "container", "inspect", "--format", "{{json .Config.Labels}}", name],
+                                capture_output=True, text=True)
+        except OSError as exc:
+            raise ToolError(f"cannot start podman to look up container {name}: {exc}") from exc
+        if cp.returncode != 0:
+            return None
+        import json
+
+        return json.loads(cp.stdout or "null") or {}
 
 
 def stream_build(label: str, argv: list[str], iidfile: str, sink: LineSink, env: dict | None = None,

@@ -39,7 +39,7 @@ class DistroboxEngine(ContainerEngine):
     def run_command(self, spec: RunSpec) -> list[str]:
         if not spec.name:
             raise ToolError("--engine distrobox runs CMD in an existing container: pass --name C")
-        return ["distrobox", "enter", "--name", spec.name, "--", *spec.command]
+        return ["distrobox", "enter", "--name", spec.name, "--", *self.in_image_env_encoded(spec.command)]
 
     def run(self, spec: RunSpec) -> int:
         self.check_user()

@@ -141,14 +141,7 @@ class DockerEngine(ImageEngine):
         if not repo or "/" in tag:
             repo, tag = spec.tag, "latest"
         image.tag(repo, tag)
-        info = self.image_info(spec.tag) or {}
-        return BuildResult(
-            image_id=iid.removeprefix("sha256:"),
-            tag=spec.tag,
-            size=int(info.get("size", 0)),
-            labels=info.get("labels", {}),
-            log=log,
-        )
+        return self.built(iid, spec.tag, log)
 
     def _build_api(self, spec: BuildSpec, sink: LineSink) -> tuple[str, list[str]]:
         """POST /build with podman's `secrets` parameter: the secret files ride in the

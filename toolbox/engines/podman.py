@@ -41,14 +41,7 @@ class PodmanEngine(ImageEngine):
             iid, log = stream_build("podman", self._build_argv(spec, iidfile), iidfile, sink,
                                     hint=self.missing_hint())
         self._cli("tag", iid, spec.tag)
-        info = self.image_info(spec.tag) or {}
-        return BuildResult(
-            image_id=iid.removeprefix("sha256:"),
-            tag=spec.tag,
-            size=int(info.get("size", 0)),
-            labels=info.get("labels", {}),
-            log=log,
-        )
+        return self.built(iid, spec.tag, log)
 
     def _cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         try:

@@ -53,7 +53,8 @@ class ToolbxEngine(ContainerEngine):
         if not spec.name:
             raise ToolError("--engine toolbx runs CMD in an existing container: pass --name C")
         # toolbx forwards the caller's environment itself, so HF_TOKEN & co. need no flag
-        return [self.binary, "run", "--container", spec.name, *spec.command]
+        # (its PATH is the host's: the image's profile puts /opt/venv/bin first)
+        return [self.binary, "run", "--container", spec.name, *self.in_image_env(spec.command)]
 
     def run(self, spec: RunSpec) -> int:
         return subprocess.call(self.run_command(spec))
