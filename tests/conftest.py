@@ -18,6 +18,10 @@ for p in (str(TESTS), str(ROOT / "entrypoints")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+# Session fixtures of images and engines, for every test folder: base_image, cpu_image (the cpu
+# stack built once, podman), podman_socket, dockerd, test_user (rootless podman, distrobox, toolbx).
+from helpers.image_fixtures import base_image, cpu_image, dockerd, podman_socket, test_user  # noqa: E402,F401
+
 # Nothing in the suite may reach a hub; fail fast instead of hanging on the closed network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

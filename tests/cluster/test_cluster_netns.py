@@ -170,8 +170,7 @@ def cpu_image_tag():
         if os.environ.get("CI"):
             pytest.fail("podman is not installed (.ci/apt-packages.txt lists it)")
         pytest.skip("podman not installed")
-    sys.path.insert(0, str(ROOT / "tests" / "engines"))
-    from enginekit import BASE_REF, CACHE, ca_bundle, podman, toolbox as tb, wheelhouse  # sets CONTAINERS_CONF
+    from helpers.enginekit import BASE_REF, CACHE, ca_bundle, podman, toolbox as tb, wheelhouse  # sets CONTAINERS_CONF
 
     from toolbox.run_options import default_tag
     from toolbox.stack import load_stack

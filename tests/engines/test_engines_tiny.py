@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from enginekit import need, podman, toolbox
+from helpers.enginekit import need, podman, toolbox
 from toolbox.engines import BuildSpec, Mount, RunSpec
 from toolbox.errors import ToolError
 

@@ -1,5 +1,6 @@
-"""Helpers for the engine tests: podman set up for this machine, a locally made base
-image, a Docker-API socket served by podman, and the cpu stack's image built once.
+"""Helpers for the tests that build or run images: podman set up for this machine, a locally
+made base image, a dockerd of our own (Dockerd), an unprivileged user with rootless podman
+(TestUser). The session fixtures using them are in image_fixtures.py.
 
 No registry is reachable where CI runs, so the base image the cpu stack names in FROM
 (docker.io/library/debian:bookworm-slim) is made with debootstrap and `podman import`,
@@ -9,11 +10,10 @@ once per machine (podman's store keeps it across runs, the rootfs tarball too).
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +71,185 @@ def wheelhouse() -> Path:
     pytest.fail("no wheelhouse with a torch wheel (PIP_FIND_LINKS or /opt/wheels)")
 
 
+
+
+class Dockerd:
+    """Paths and commands of a test dockerd: its own data/exec roots, pidfile and socket, no
+    iptables and no bridge (nothing on the host's network changes)."""
+
+    HOST_DIRS = ("/etc/docker", "/run/docker", "/run/containerd")
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.sock = root / "docker.sock"
+        self.url = f"unix://{self.sock}"
+        # what dockerd creates outside its roots: removed at the end unless it was there before
+        self._host_dirs = [Path(p) for p in self.HOST_DIRS if not Path(p).exists()]
+        self._key_json = Path("/etc/docker/key.json")
+        self._key_existed = self._key_json.exists()
+
+    def argv(self) -> list[str]:
+        return ["dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none",
+                "--storage-driver=overlay2", "--data-root", str(self.root / "data"),
+                "--exec-root", str(self.root / "exec"), "--pidfile", str(self.root / "dockerd.pid"),
+                "-H", self.url]
+
+    def cli(self, *args: str) -> list[str]:
+        return [docker_cli(), "-H", self.url, *args]
+
+    def run(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(self.cli(*args), capture_output=True, check=check, **kw)
+
+    def clean_up(self) -> None:
+        # dockerd leaves mounts under its roots (the netns of its containers under exec-root,
+        # overlay2's own): lazily unmount the deepest first, then the folders can go
+        mounts = []
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                point = line.split()[4].replace("\\040", " ")
+                if point == str(self.root) or point.startswith(str(self.root) + "/"):
+                    mounts.append(point)
+        for point in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+        # GBs of image layers: deleted in the background (minutes on a busy disk), out of the
+        # suite's time; a rename first, so nothing is left at the fixture's path
+        gone = self.root.with_name(self.root.name + ".deleting")
+        self.root.rename(gone)
+        subprocess.Popen(["rm", "-rf", str(gone)], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not self._key_existed:
+            self._key_json.unlink(missing_ok=True)
+        for d in self._host_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def docker_cli() -> str:
+    """A docker CLI for the tests' own calls (load, history, save); any version will do."""
+    return "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
+
+
+class TestUser:
+    """An unprivileged user with rootless podman for distrobox (which refuses root) and toolbx.
+
+    Set-up, not product: podman with host network (slirp4netns cannot open /dev/net/tun here),
+    overlay storage, runc/cgroupfs and the rlimits this machine allows; XDG_RUNTIME_DIR made as
+    logind would; an existing file for DBUS_SYSTEM_BUS_ADDRESS (toolbx only checks it exists).
+    The user runs this checkout's `python -m toolbox` with an interpreter it may execute."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, name: str, created: bool):
+        pw = pwd.getpwnam(name)
+        self.name, self.uid, self.gid, self.home = name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir)
+        self.created = created
+        self.runtime_dir = Path(f"/run/user/{self.uid}")
+        self.dbus_file = self.runtime_dir / "toolbox-test-system-bus"
+        self.python = sys.executable
+        self.pythonpath = ""
+
+    @classmethod
+    def make(cls, name: str) -> "TestUser":
+        created = False
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True,
+                           capture_output=True)
+            created = True
+        if not any(line.startswith(name + ":") for line in Path("/etc/subuid").read_text().splitlines()):
+            subprocess.run(["usermod", "--add-subuids", "300000-365535", "--add-subgids", "300000-365535", name],
+                           check=True, capture_output=True)
+        user = cls(name, created)
+        user.runtime_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(user.runtime_dir, user.uid, user.gid)
+        user.runtime_dir.chmod(0o700)
+        user.dbus_file.touch()
+        os.chown(user.dbus_file, user.uid, user.gid)
+        conf = user.home / ".config" / "containers"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "storage.conf").write_text('[storage]\ndriver = "overlay"\n')
+        (conf / "containers.conf").write_text(
+            '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\nnetns = "host"\n'
+            '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n')
+        for d in (user.home / ".config", conf):
+            os.chown(d, user.uid, user.gid)
+        for f in conf.iterdir():
+            os.chown(f, user.uid, user.gid)
+        user._find_python()
+        return user
+
+    def _find_python(self) -> None:
+        import sysconfig
+
+        src = ROOT
+        if self.run(["test", "-r", str(ROOT / "toolbox" / "cli.py")], check=False).returncode != 0:
+            src = self.home / "toolbox-src"  # the checkout is not readable for the user: a copy
+            shutil.rmtree(src, ignore_errors=True)
+            for part in ("toolbox", "entrypoints"):
+                shutil.copytree(ROOT / part, src / part)
+        paths = dict.fromkeys([str(src), str(src / "entrypoints"), sysconfig.get_paths()["purelib"],
+                               sysconfig.get_paths()["platlib"]])
+        self.pythonpath = os.pathsep.join(paths)
+        probe = ["-c", "import toolbox.cli, docker, pydantic, yaml, jinja2"]
+        tried = []
+        for py in (sys.executable, "/usr/bin/python3"):
+            cp = self.run([py, *probe], check=False)
+            if cp.returncode == 0:
+                self.python = py
+                return
+            tried.append(f"{py}: {cp.stderr.strip()[-300:]}")
+        pytest.fail(f"no Python the user {self.name} can run this checkout with: {tried}")
+
+    def env(self, **extra: str) -> dict:
+        return {"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name, "SHELL": "/bin/bash",
+                "PATH": "/usr/local/bin:/usr/bin:/bin", "XDG_RUNTIME_DIR": str(self.runtime_dir),
+                "DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={self.dbus_file}", "PYTHONPATH": self.pythonpath,
+                "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **extra}
+
+    def run(self, argv: list[str], check: bool = False, timeout: int = 1800, **kw) -> subprocess.CompletedProcess:
+        env = [f"{k}={v}" for k, v in self.env().items()]
+        cp = subprocess.run(["runuser", "-u", self.name, "--", "env", "-i", *env, *argv], cwd=self.home,
+                            capture_output=True, text=True, timeout=timeout, **kw)
+        if check and cp.returncode != 0:
+            raise AssertionError(f"as {self.name}: {' '.join(argv)} exited {cp.returncode}\n"
+                                 f"{cp.stdout[-4000:]}\n{cp.stderr[-4000:]}")
+        return cp
+
+    def toolbox(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run([self.python, "-m", "toolbox", *args], **kw)
+
+    def load_image(self, tag: str) -> None:
+        """The root podman's image into the user's storage, unless the same id is there."""
+        want = podman("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+        have = self.run(["podman", "image", "inspect", "--format", "{{.Id}}", tag]).stdout.strip()
+        if have == want:
+            return
+        save = subprocess.Popen(["podman", "save", tag], stdout=subprocess.PIPE)
+        try:
+            env = [f"{k}={v}" for k, v in self.env().items()]
+            load = subprocess.run(["runuser", "-u", self.name, "--", "env", "-i", *env, "podman", "load"],
+                                  stdin=save.stdout, cwd=self.home, capture_output=True)
+        finally:
+            save.stdout.close()
+            save.wait()
+        if save.returncode != 0 or load.returncode != 0:
+            pytest.fail(f"podman save | podman load (as {self.name}) failed: {load.stderr.decode()[-2000:]}")
+
+    def remove(self) -> None:
+        self.run(["podman", "rm", "--all", "--force"], timeout=300)
+        # what is left of the user's processes (podman's pause process, conmon): ours, by pid;
+        # then userdel removes the home with the user's image storage in it
+        ps = subprocess.run(["ps", "-o", "pid=", "-u", str(self.uid)], capture_output=True, text=True)
+        for pid in ps.stdout.split():
+            try:
+                os.kill(int(pid), 9)
+            except (ProcessLookupError, ValueError):
+                pass
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self.created:
+            subprocess.run(["userdel", self.name], capture_output=True)
+            # the home holds the user's image storage (GBs): renamed, then deleted in the background
+            gone = self.home.with_name(f"{self.home.name}.deleting-{os.getpid()}")
+            self.home.rename(gone)
+            subprocess.Popen(["rm", "-rf", str(gone)], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
