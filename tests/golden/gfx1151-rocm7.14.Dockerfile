@@ -41,7 +41,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-COPY scripts/profile.sh /etc/profile.d/toolbox.sh
+COPY scripts/profile.sh /etc/profile.d/toolbox-image.sh
 
 # ---- rocm: TheRock 7.14.0 dist tarball for gfx1151: sha256 and layout checked ----
 FROM base AS rocm-fetch
