@@ -25,7 +25,7 @@ def debug_wanted(argv: Sequence[str]) -> bool:
 
 
 def guarded(prog: str, body: Callable[[], int | None], debug: bool) -> int:
-    """Run `body`; turn what escapes it into a message and an exit code."""
+    """Run `body` (argument parsing included); turn what escapes it into a message and an exit code."""
     try:
         code = int(body() or 0)
         sys.stdout.flush()
@@ -43,6 +43,13 @@ def guarded(prog: str, body: Callable[[], int | None], debug: bool) -> int:
         # exit from failing on the closed pipe.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except SystemExit:
+        # argparse's --help and usage errors print, then exit: a closed pipe shows at the flush.
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise
     except Exception as exc:  # noqa: BLE001 (the entry point's last line of defence)
         if debug:
             traceback.print_exc()

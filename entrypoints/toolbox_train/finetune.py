@@ -177,15 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
 
     def body() -> int:
+        args = build_parser().parse_args(argv)
         summary = run(args.config, args.set, resume=args.resume, overwrite=args.overwrite)
         if Dist.from_env().rank == 0:
             print(json.dumps(summary) if args.json else report.human(summary))
         return 0
 
-    return guarded("finetune", body, args.debug or debug_wanted(argv))
+    return guarded("finetune", body, debug_wanted(argv))
 
 
 if __name__ == "__main__":

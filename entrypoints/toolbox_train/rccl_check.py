@@ -351,11 +351,11 @@ def parse_nccl_tests(out: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    return guarded("rccl-check", lambda: _run(argv), debug_wanted(argv))
+
+
+def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    return guarded("rccl-check", lambda: _run(args, argv), args.debug or debug_wanted(argv))
-
-
-def _run(args, argv: list[str]) -> int:
     args.op_list = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = [o for o in args.op_list if o not in OPS]
     if unknown or not args.op_list:

@@ -72,11 +72,12 @@ def test_an_unexpected_error_is_one_line_unless_debugging(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("name,args", [("bench", ["list", "--suite", "all", "--shapes", "llama-1b"]),
-                                       ("finetune", ["--help"]), ("launch", ["--help"])])
+                                       *((name, ["--help"]) for name in sorted(CLIS))])
 def test_a_reader_that_leaves_early_is_quiet(name, args):
     # `bench list | head -1`: the reader is gone before the output is written (closed here at once).
+    env = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}  # a shell's buffered stdout
     p = subprocess.Popen([sys.executable, "-m", CLIS[name], *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=ENV)
+                         stderr=subprocess.PIPE, env=env)
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0 and err == "", err

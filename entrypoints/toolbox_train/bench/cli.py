@@ -97,5 +97,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_row"]:  # one row's worker process: its log keeps the traceback of a failed row
         return worker(argv[1], argv[2])
-    args = build_parser().parse_args(argv)
-    return guarded("bench", lambda: dispatch(args), args.debug or debug_wanted(argv))
+    return guarded("bench", lambda: dispatch(build_parser().parse_args(argv)), debug_wanted(argv))
