@@ -60,7 +60,8 @@ class TrainCfg(_Strict):
     max_grad_norm: float = Field(1.0, ge=0.0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     seed: int = 42
-    gradient_checkpointing: bool | Literal["unsloth"] = True
+    gradient_checkpointing: bool | Literal["unsloth", "auto"] = Field(
+        "auto", description="auto: off where the memory plan fits the device with a margin (faster), else on")
     liger: bool | Literal["auto"] = "auto"
 
 

@@ -68,19 +68,27 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
     resolved["model"]["path"] = p.model_path
     resolved["_resolved"] = {"backend": p.backend, "precision": p.precision, "world_size": p.world_size,
                              "gradient_accumulation_steps": p.grad_accum, "liger": p.liger,
-                             "data_format": fmt, "sync": p.sync}
+                             "data_format": fmt, "sync": p.sync,
+                             "gradient_checkpointing": p.gradient_checkpointing}
+    if p.memory is not None:
+        est = p.memory.estimate()
+        resolved["_resolved"].update(
+            gradient_checkpointing_reason=p.memory.decision.reason,
+            predicted_peak_gib=round(est.peak_gib, 2),
+            device_memory_gib=round(p.memory.device_bytes / 2**30, 2) if p.memory.device_bytes else None)
     atomic_write(p.out / RESOLVED_CONFIG, yaml.safe_dump(resolved, sort_keys=False))
 
 
 def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool = False,
-        overwrite: bool = False) -> dict:
+        overwrite: bool = False, device_memory: str | None = None) -> dict:
     """Fine-tune per `config`; returns the summary (output_dir, steps, tokens_per_s, first/last loss, peak_mem_gib)."""
     dist = Dist.from_env()
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
         # torchrun restarted the ranks (launch --max-restarts): continue, never start over.
         resume, overwrite = True, False
         log(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from the newest complete checkpoint")
-    p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0)
+    p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0,
+             device_memory=device_memory)
     train_ds, eval_ds, fmt = preflight.validate(p)  # bad data is still bad input: before the model
     exports = report.parse_exports(p.cfg.output.export)
     if any(a[1] == "gguf" for a in exports):
@@ -91,6 +99,8 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         log(n)
     log(f"backend {p.backend}, method {p.cfg.method}, data {fmt} ({len(train_ds)} rows), "
         f"precision {p.precision}, world size {p.world_size}, grad accumulation {p.grad_accum}, liger {p.liger}")
+    if p.memory is not None:
+        log(p.memory.banner())
     if dist.rank == 0:
         prepare_output(p, fmt, resume, overwrite)
 
@@ -163,6 +173,25 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
     return summary
 
 
+def show_plan(config, overrides: Sequence[str], device_memory: str | None, world_size: int | None = None,
+              fsdp: bool | None = None) -> int:
+    """`--plan`: the memory plan on stdout; nothing loaded, nothing written. Exit 0, or 2 if nothing fits."""
+    from .planner import refusal
+
+    p = plan(config, overrides, check_output=False, import_backend=False, device_memory=device_memory,
+             refuse=False, world_size=world_size, fsdp=fsdp)
+    if p.memory is None:
+        print("\n".join(p.notes))
+        return 0
+    print(p.memory.table)
+    print(p.memory.banner())
+    why = refusal(p.memory)
+    if why:
+        print(f"refused: {why}")
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="finetune", description="Fine-tune a causal LM per a train.yaml.")
     ap.add_argument("--config", required=True, help="train.yaml")
@@ -170,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a config field, e.g. train.learning_rate=1e-4 (repeatable)")
     ap.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     ap.add_argument("--overwrite", action="store_true", help="empty a non-empty output folder first")
+    ap.add_argument("--plan", action="store_true", help="print the memory plan (candidate settings, predicted "
+                    "peak per device, which fit, which would be picked) from config.json alone, and exit")
+    ap.add_argument("--device-memory", metavar="SIZE", help="plan for this much device memory (e.g. 128GiB "
+                    "for a Strix Halo) instead of this GPU's free memory")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout "
                     "(default: a short human summary; the same JSON is in OUTPUT/summary.json)")
     return add_debug(ap)
@@ -180,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         args = build_parser().parse_args(argv)
-        summary = run(args.config, args.set, resume=args.resume, overwrite=args.overwrite)
+        if args.plan:
+            return show_plan(args.config, args.set, args.device_memory)
+        summary = run(args.config, args.set, resume=args.resume, overwrite=args.overwrite,
+                      device_memory=args.device_memory)
         if Dist.from_env().rank == 0:
             print(json.dumps(summary) if args.json else report.human(summary))
         return 0

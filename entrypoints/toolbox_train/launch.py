@@ -96,7 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cpu", action="store_true", help="CPU only, gloo (hides GPUs from the ranks)")
     ap.add_argument("--max-restarts", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="resolve, write and print the settings; do not run")
+    ap.add_argument("--plan", action="store_true", help="print the memory plan per device for this world size "
+                    "and strategy (finetune's --device-memory, else GPU 0's free memory), and exit")
     return add_debug(ap)
+
+
+class _ShowPlan(Exception):
+    """--plan: the table is printed; launch exits with this code and starts nothing."""
+
+    def __init__(self, code: int):
+        self.code = code
 
 
 def resolve(argv: list[str]) -> dict[str, Any]:
@@ -129,9 +138,14 @@ def resolve(argv: list[str]) -> dict[str, Any]:
         raise UserError("--nproc: must be >= 1")
     world = nproc * args.nnodes
 
-    # Everything the ranks would refuse, refused here first: before any process starts.
+    if args.plan or ft.plan:
+        raise _ShowPlan(finetune.show_plan(ft.config, ft.set, ft.device_memory, world_size=world,
+                                           fsdp=args.strategy == "fsdp"))
+    # Everything the ranks would refuse, refused here first: before any process starts. The GPU
+    # is left alone here (each rank plans against its own free memory) unless --device-memory.
     p = plan(ft.config, ft.set, resume=ft.resume, overwrite=ft.overwrite, world_size=world,
-             fsdp=args.strategy == "fsdp", gpu=not cpu, import_backend=False, sync_mode=sync)
+             fsdp=args.strategy == "fsdp", gpu=not cpu, import_backend=False, sync_mode=sync,
+             device_memory=ft.device_memory, probe_device=False)
     preflight.validate(p)  # every dataset row, the chat template, the lengths: before any rank starts
     if args.strategy == "fsdp" and cpu and not args.dry_run:
         raise UserError("--strategy fsdp needs GPUs (accelerate refuses FSDP on CPU); use --strategy ddp --cpu")
@@ -147,7 +161,7 @@ def resolve(argv: list[str]) -> dict[str, Any]:
                rdzv_backend="c10d" if multinode else "static", same_network=True)
     if args.strategy == "fsdp":
         acc["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] = decoder_layer_classes(p.model_config)
-        acc["fsdp_config"]["fsdp_activation_checkpointing"] = bool(p.cfg.train.gradient_checkpointing)
+        acc["fsdp_config"]["fsdp_activation_checkpointing"] = bool(p.gradient_checkpointing)
     if p.precision in ("bf16", "fp16"):
         acc["mixed_precision"] = p.precision
 
@@ -188,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(argv: list[str]) -> int:
-    r = resolve(argv)
+    try:
+        r = resolve(argv)
+    except _ShowPlan as shown:
+        return shown.code
     a, p = r["args"], r["plan"]
     settings = {
         "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",

@@ -125,9 +125,12 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
     import torch
     from transformers import TrainerCallback
 
-    from . import finetune
+    from . import finetune, sft_config, trainer as trainer_mod
+    from .bench.environment import versions
+    from .bench.rows import run_bare
 
     out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     mdir = work / f"model-{shape}"
@@ -142,8 +145,8 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
     if variant.startswith("bare"):  # the reference loop on the same model and data, in this process
         spec.update(kind="bare", shape=shape, data=str(data), steps=steps,
                     options={"liger": True} if backend == "hf" else {})
-        res = bench.run_bare(spec, str(mdir))
-        res.update(shape=shape, variant=variant, backend=backend, method=method, versions=bench.versions())
+        res = run_bare(spec, str(mdir))
+        res.update(shape=shape, variant=variant, backend=backend, method=method, versions=versions())
         (out / f"probe-{shape}-{backend}-{method}-{variant}.json").write_text(json.dumps(res, indent=2) + "\n")
         print(f"memcal probe {shape} {backend} {method} {variant}: {res['tokens_per_s']:,.0f} tokens/s, "
               f"peak {res['peak_gib']} GiB, steps {res['step_times']}", flush=True)
@@ -154,20 +157,18 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
         sets.append("train.gradient_checkpointing=false")
     if "fusedadam" in variant:
         sets.append("train.optimizer=adamw_torch_fused")
-    if "lean" in variant:
-        orig_tc = finetune.trainer_class
-        finetune.trainer_class = lambda p: lean_trainer(orig_tc(p))
+    base = lean_trainer(trainer_mod.Trainer) if "lean" in variant else trainer_mod.Trainer
     if "nolog" in variant:
         sets.append(f"output.logging_steps={10 * (warmup + steps)}")
     if "notokens" in variant:  # the Trainer's per-step num_input_tokens_seen (a gather and a sync)
-        orig = finetune.sft_args
+        orig = sft_config.sft_args
 
         def sft_args(p, dist):
             a = orig(p, dist)
             a.include_num_input_tokens_seen = "no"
             return a
 
-        finetune.sft_args = sft_args
+        sft_config.sft_args = sft_args
     times: list[float] = []
     prof_state: dict = {}
 
@@ -196,8 +197,11 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
                 prof_state["cp"].disable()
                 prof_state["tp"].__exit__(None, None, None)
 
-    orig_cb = finetune.make_callbacks
-    finetune.make_callbacks = lambda p, summary: orig_cb(p, summary) + [Timer()]
+    class Timed(base):  # finetune's own Trainer (or the lean variant) with the step timer added
+        def __init__(self, *a, callbacks=None, **kw):
+            super().__init__(*a, callbacks=[*(callbacks or []), Timer()], **kw)
+
+    trainer_mod.Trainer = Timed
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     finetune.run(cfg, overrides=sets, overwrite=True)
@@ -205,7 +209,7 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
     timed = times[warmup:warmup + steps]
     res = {"shape": shape, "variant": variant, "backend": backend, "method": method, "batch": batch, "seq": seq,
            "step_times": [round(t, 4) for t in times], "tokens_per_s": sum(tokens / t for t in timed) / len(timed),
-           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None, "versions": bench.versions()}
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None, "versions": versions()}
     if profile:
         import io
         import pstats

@@ -72,7 +72,7 @@ def load_unsloth(p: Plan, dist: Dist):
 
     # FastModel handles Gemma 3 (and its multimodal wrapper); FastLanguageModel the text-only families.
     loader = FastModel if (p.multimodal or p.model_config.model_type.startswith("gemma3")) else FastLanguageModel
-    gc = p.cfg.train.gradient_checkpointing
+    gc = p.gradient_checkpointing  # resolved by the memory plan (train.gradient_checkpointing: auto)
     use_gc = "unsloth" if gc in (True, "unsloth") else False
     model, tok = loader.from_pretrained(
         model_name=p.model_path,

@@ -63,6 +63,8 @@ class Plan:
     liger: bool
     resume_from: Path | None = None
     notes: list[str] = field(default_factory=list)
+    gradient_checkpointing: bool | str = True  # resolved (train.gradient_checkpointing: auto)
+    memory: Any = None  # planner.TrainPlan: the memory plan and why checkpointing is what it is
     sync: str = SYNC_DEFAULT  # every-step or local-sgd:K (see sync.py)
 
 
@@ -181,22 +183,28 @@ def batch_plan(cfg: TrainConfig, world: int) -> int:
 
 def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite: bool = False,
          world_size: int | None = None, check_output: bool = True, fsdp: bool | None = None,
-         gpu: bool | None = None, import_backend: bool = True, sync_mode: str | None = None) -> Plan:
+         gpu: bool | None = None, import_backend: bool = True, sync_mode: str | None = None,
+         device_memory: str | None = None, probe_device: bool = True, refuse: bool = True) -> Plan:
     """All the cheap checks, in order; raises UserError on the first bad input, prefixed with
     where in the config the field it names is written.
 
     `sync_mode`: the gradient-sync mode (launch passes its --sync); None reads TOOLBOX_SYNC.
+    `device_memory` ('128GiB'): plan for that much device memory instead of this rank's free GPU
+    memory (`probe_device` False: none, as in launch's parent process, which must not touch the GPU).
+    `refuse`: a plan that cannot fit is bad input (finetune --plan shows it instead).
     """
     cfg, base, where = load_located(config, overrides)
     try:
-        return _checks(cfg, base, resume, overwrite, world_size, check_output, fsdp, gpu, import_backend, sync_mode)
+        return _checks(cfg, base, resume, overwrite, world_size, check_output, fsdp, gpu, import_backend, sync_mode,
+                       device_memory, probe_device, refuse)
     except UserError as exc:
         raise UserError(where(str(exc))) from None
 
 
 def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_size: int | None,
             check_output: bool, fsdp: bool | None, gpu: bool | None, import_backend: bool,
-            sync_mode: str | None) -> Plan:
+            sync_mode: str | None, device_memory: str | None = None, probe_device: bool = True,
+            refuse: bool = True) -> Plan:
     sync_mode = sync_from_env() if sync_mode is None else sync_mode
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other")
@@ -261,8 +269,35 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         raise UserError("output.tensorboard: true needs the tensorboard package (pip install tensorboard)")
     p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
              precision, bool(liger), sync=sync_mode)
+    memory_plan(p, fsdp, device_memory, probe_device and gpu, refuse)
     if resume:
         p.resume_from = checkpoints.newest_complete(out / "checkpoints")
         if p.resume_from is None:
             p.notes.append("--resume: no complete checkpoint found, starting from the beginning")
     return p
+
+
+def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, refuse: bool) -> None:
+    """The memory planner's view (config.json only, no weights): resolves checkpointing `auto` and
+    refuses a run that cannot fit before any weight is loaded (docs/benchmarks.md, Memory planner)."""
+    from . import planner
+
+    try:
+        dev = planner.parse_size(device_memory) if device_memory else (
+            planner.device_memory(local_rank=Dist.from_env().local_rank) if probe else None)
+    except ValueError as exc:
+        raise UserError(f"--device-memory: {exc}") from None
+    try:
+        tp = planner.plan_training(p.cfg, p.model_config, p.backend, p.liger, p.world_size, fsdp,
+                                   p.precision, dev, gpu=p.gpu)
+    except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
+        p.gradient_checkpointing = True if p.cfg.train.gradient_checkpointing == "auto" \
+            else p.cfg.train.gradient_checkpointing
+        p.notes.append(f"memory plan: not available for this model's config ({exc!r}); checkpointing "
+                       f"{p.gradient_checkpointing}")
+        return
+    p.memory, p.gradient_checkpointing = tp, tp.decision.gradient_checkpointing
+    why = planner.refusal(tp)
+    if why and refuse:
+        raise UserError(f"memory: {why} (finetune --plan shows the candidates; --device-memory plans for "
+                        "another device)")

@@ -111,14 +111,17 @@ class TrainPlan:
     device_bytes: float | None
     table: str
 
+    def estimate(self) -> Estimate:
+        return estimate(self.shape, self.setting)
+
     def banner(self) -> str:
-        e = estimate(self.shape, self.setting)
+        e = self.estimate()
         return (f"memory plan: predicted peak {e.peak_gib:.1f} GiB per device"
                 + (f" of {self.device_bytes / GiB:.1f} GiB" if self.device_bytes else "")
                 + f"; gradient checkpointing {self.decision.gradient_checkpointing} ({self.decision.reason})")
 
 
-def device_memory(override: str | None = None) -> float | None:
+def device_memory(override: str | None = None, local_rank: int = 0) -> float | None:
     """`--device-memory`, else the free memory of this rank's GPU, else None (CPU)."""
     if override:
         return float(parse_size(override))
@@ -126,14 +129,14 @@ def device_memory(override: str | None = None) -> float | None:
         import torch
 
         if torch.cuda.is_available():
-            return float(torch.cuda.mem_get_info()[0])
+            return float(torch.cuda.mem_get_info(local_rank)[0])
     except Exception:  # no driver, no device: plan without a device
         return None
     return None
 
 
 def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
-                  precision: str = "bf16", device_bytes: float | None = None) -> TrainPlan:
+                  precision: str = "bf16", device_bytes: float | None = None, gpu: bool = True) -> TrainPlan:
     """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`."""
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
@@ -141,7 +144,8 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
                  batch=t.per_device_batch_size, seq=cfg.data.max_seq_length, precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
-                 world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single")
+                 world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
+                 head="chunked" if gpu else "full")  # TRL's fused head is a GPU kernel; on CPU the model's loss
     dec = decide_checkpointing(shape, st, device_bytes)
     if t.gradient_checkpointing != "auto":
         chosen = t.gradient_checkpointing

@@ -11,7 +11,7 @@ def sft_args(p: Plan, dist: Dist):
     from trl import SFTConfig
 
     c, t, o = p.cfg, p.cfg.train, p.cfg.output
-    gc = t.gradient_checkpointing
+    gc = p.gradient_checkpointing  # resolved by the memory plan
     # Unsloth sets up its own (offloaded) checkpointing; under FSDP the accelerate config's
     # fsdp_activation_checkpointing does it (transformers refuses both at once).
     hf_gc = bool(gc) and p.backend == "hf" and not using_fsdp()

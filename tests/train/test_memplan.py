@@ -172,3 +172,58 @@ def test_public_shapes_and_the_strix_table():
         assert rows[(name, "hf", "qlora")]["longest_seq"] >= rows[(name, "hf", "lora")]["longest_seq"]
         assert rows[(name, "hf", "qlora")]["peak_gib_at_512"] < rows[(name, "hf", "lora")]["peak_gib_at_512"]
     assert "does not fit" in P.render_strix(list(rows.values()))
+
+
+# ------------------------------------------------------------------ finetune / launch integration
+
+
+def _tiny_run(tmp_path, **train):
+    import subprocess
+    import sys
+
+    import yaml
+
+    model = tmp_path / "model"
+    bench.build_model_dir("tiny-llama", model)
+    data = bench.write_text_dataset(tmp_path / "data.jsonl", 8, 80, 500)
+    cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 64},
+           "method": "full", "train": {"per_device_batch_size": 2, "max_steps": 1, **train},
+           "output": {"dir": str(tmp_path / "out"), "progress_bar": False}}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+
+    def run(*args, mod="toolbox_train.finetune"):
+        return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True, timeout=600)
+    return path, run
+
+
+def test_finetune_plan_refusal_and_resolved_checkpointing(tmp_path):
+    import yaml
+
+    cfg, run = _tiny_run(tmp_path)
+    shown = run("--config", str(cfg), "--plan", "--device-memory", "16GiB")
+    assert shown.returncode == 0, shown.stderr
+    assert "| setting |" in shown.stdout and "<-" in shown.stdout and "gradient checkpointing False" in shown.stdout
+    assert not (tmp_path / "out").exists()  # --plan writes nothing
+    # too little memory: refused before any weight is loaded, naming what would fit; nothing written
+    small = run("--config", str(cfg), "--device-memory", "1MiB")
+    assert small.returncode == 2 and "memory: predicted peak" in small.stderr and "Traceback" not in small.stderr
+    assert not (tmp_path / "out").exists()
+    assert run("--config", str(cfg), "--plan", "--device-memory", "1MiB").returncode == 2
+    bad = run("--config", str(cfg), "--plan", "--device-memory", "plenty")
+    assert bad.returncode == 2 and "--device-memory" in bad.stderr
+    # a real (CPU) run: auto resolves, the banner and config.resolved.yaml say what and why
+    done = run("--config", str(cfg), "--device-memory", "16GiB")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "memory plan: predicted peak" in done.stderr
+    resolved = yaml.safe_load((tmp_path / "out" / "config.resolved.yaml").read_text())["_resolved"]
+    assert resolved["gradient_checkpointing"] is False and "fits" in resolved["gradient_checkpointing_reason"]
+    assert resolved["device_memory_gib"] == 16.0 and resolved["predicted_peak_gib"] > 0
+
+
+def test_launch_plan_prints_per_device_and_starts_nothing(tmp_path):
+    cfg, run = _tiny_run(tmp_path)
+    out = run("--strategy", "ddp", "--cpu", "--nproc", "2", "--", "finetune", "--config", str(cfg), "--plan",
+              "--device-memory", "8GiB", mod="toolbox_train.launch")
+    assert out.returncode == 0, out.stderr
+    assert "ddp x2" in out.stdout and not (tmp_path / "out").exists()
