@@ -288,8 +288,9 @@ def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, ref
     except ValueError as exc:
         raise UserError(f"--device-memory: {exc}") from None
     try:
+        unified = probe and planner.unified_memory(Dist.from_env().local_rank)
         tp = planner.plan_training(p.cfg, p.model_config, p.backend, p.liger, p.world_size, fsdp,
-                                   p.precision, dev, gpu=p.gpu)
+                                   p.precision, dev, gpu=p.gpu, unified=unified)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
         p.gradient_checkpointing = True if p.cfg.train.gradient_checkpointing == "auto" \
             else p.cfg.train.gradient_checkpointing

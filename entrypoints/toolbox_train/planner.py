@@ -135,8 +135,21 @@ def device_memory(override: str | None = None, local_rank: int = 0) -> float | N
     return None
 
 
+def unified_memory(local_rank: int = 0) -> bool:
+    """An integrated GPU (Strix Halo's gfx1151): host memory is device memory, so Unsloth's offloaded
+    activations count against the same budget."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and getattr(torch.cuda.get_device_properties(local_rank),
+                                                          "is_integrated", False))
+    except Exception:  # no driver, no device
+        return False
+
+
 def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
-                  precision: str = "bf16", device_bytes: float | None = None, gpu: bool = True) -> TrainPlan:
+                  precision: str = "bf16", device_bytes: float | None = None, gpu: bool = True,
+                  unified: bool = False) -> TrainPlan:
     """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`."""
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
@@ -145,7 +158,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
                  batch=t.per_device_batch_size, seq=cfg.data.max_seq_length, precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
-                 head="chunked" if gpu else "full")  # TRL's fused head is a GPU kernel; on CPU the model's loss
+                 head="chunked" if gpu else "full", unified_memory=unified)  # TRL's fused head is a GPU kernel; on CPU the model's loss
     dec = decide_checkpointing(shape, st, device_bytes)
     if t.gradient_checkpointing != "auto":
         chosen = t.gradient_checkpointing
