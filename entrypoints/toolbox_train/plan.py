@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import checkpoints
 from .config import TrainConfig, load_located
@@ -66,6 +66,8 @@ class Plan:
     gradient_checkpointing: bool | str = True  # resolved (train.gradient_checkpointing: auto)
     memory: Any = None  # planner.TrainPlan: the memory plan and why checkpointing is what it is
     sync: str = SYNC_DEFAULT  # every-step or local-sgd:K (see sync.py)
+    # A later check's message on a config field, prefixed with where the field is written.
+    locate: Callable[[str], str] = field(default=lambda message: message, repr=False)
 
 
 def resolve_model(cfg: TrainConfig, base: Path) -> str:
@@ -195,10 +197,12 @@ def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite:
     """
     cfg, base, where = load_located(config, overrides)
     try:
-        return _checks(cfg, base, resume, overwrite, world_size, check_output, fsdp, gpu, import_backend, sync_mode,
-                       device_memory, probe_device, refuse)
+        p = _checks(cfg, base, resume, overwrite, world_size, check_output, fsdp, gpu, import_backend, sync_mode,
+                    device_memory, probe_device, refuse)
     except UserError as exc:
         raise UserError(where(str(exc))) from None
+    p.locate = where
+    return p
 
 
 def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_size: int | None,

@@ -80,7 +80,10 @@ def validate(p: Plan):
 
     Runs before anything is written (finetune) or any rank starts (launch).
     """
-    tok = load_tokenizer(p)
+    try:
+        tok = load_tokenizer(p)
+    except UserError as exc:
+        raise UserError(p.locate(str(exc))) from None
 
     def check(ds, fmt: str, locate: Locate, field: str) -> None:
         if fmt == "messages":
@@ -88,4 +91,7 @@ def validate(p: Plan):
         elif fmt == "alpaca" and not p.cfg.data.packing:  # packing chunks rows instead of truncating
             check_completion_lengths(tok, ds, locate, field, p.cfg.data.max_seq_length)
 
-    return load_datasets(p.cfg, p.base, check=check)
+    try:
+        return load_datasets(p.cfg, p.base, check=check)
+    except UserError as exc:  # data.path / data.eval_path / data.format: where the config says so
+        raise UserError(p.locate(str(exc))) from None

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from helpers.tiny import train_config, write_dataset
 from toolbox_train import finetune
 
-EXAMPLES = int(os.environ.get("TOOLBOX_FUZZ_TRAIN_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("TOOLBOX_FUZZ_TRAIN_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 derandomize=os.environ.get("TOOLBOX_FUZZ") != "random",
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -47,7 +47,7 @@ def world(tmp_path_factory, tiny_models):
     out.mkdir()
     (out / "notes.txt").write_text("an earlier run's output\n")  # must survive every refusal
     return {"dir": d, "model": tiny_models("llama"), "out": out,
-            "data": write_dataset(d / "good.jsonl", "alpaca", n=12)}
+            "data": write_dataset(d / "good.jsonl", "text", n=12)}
 
 
 @pytest.fixture(autouse=True)
@@ -96,11 +96,25 @@ VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 5000), st.floats(al
                    st.sampled_from(["auto", "hf", "lora", "qlora", "full", "bf16", "fp32", "cosine", "adamw_torch",
                                     "nope", "/no/such/model", "../../etc", "org/model", "text", "messages"]))
 BYTES = st.binary(min_size=1, max_size=16)
+# Values that pass the schema but not the checks after it (plan, data, model files), per key.
+PLAUSIBLE = {
+    "model.path": ["/no/such/model", "org/absent-model", ".", "good.jsonl"], "model.revision": ["main", "v9"],
+    "data.path": ["/no/such.jsonl", "org/absent-dataset", "fuzz.yaml", ".", "x.parquet"],
+    "data.format": ["alpaca", "messages", "text", "auto"], "data.max_seq_length": [1, 4, 8, 100000],
+    "data.text_field": ["body", "text"], "data.eval_split": [0.5, 0.99], "data.packing": [True],
+    "method": ["qlora", "lora-8bit", "lora", "full"], "backend": ["unsloth", "auto", "hf"],
+    "train.batch_size": [3, 5, 6, 16], "train.per_device_batch_size": [3, 7], "train.precision": ["bf16", "fp16"],
+    "train.optimizer": ["nope", "adamw_torch", "sgd"], "train.lr_scheduler": ["cosine", "nope"],
+    "train.liger": [True], "output.tensorboard": [True], "lora.target_modules": [["nope_proj"], "all-linear"],
+    "output.dir": ["good.jsonl", "/proc/nope"], "train.gradient_checkpointing": [True, "unsloth"],
+}
 
 
 @st.composite
 def configs(draw):
-    edits = draw(st.lists(st.tuples(st.sampled_from(KEYS), VALUES), max_size=3))
+    edit = st.sampled_from(KEYS).flatmap(lambda k: st.tuples(st.just(k), st.sampled_from(PLAUSIBLE.get(k, [None]))
+                                                              | VALUES))
+    edits = draw(st.lists(edit, max_size=3))
     drop = draw(st.lists(st.sampled_from(["model", "data", "data.path", "model.path", "train", "output"]), max_size=1))
     text_edit = draw(st.sampled_from(["none", "none", "truncate", "bytes", "tab", "alias", "tag"]))
     return edits, drop, text_edit, draw(BYTES), draw(st.integers(0, 400))
@@ -111,6 +125,8 @@ def configs(draw):
 def test_fuzz_train_configs(world, case):
     edits, drop, text_edit, junk, cut = case
     cfg = train_config(world["model"], world["data"], world["out"], **dict(edits))
+    if cfg["data"]["path"] in ("good.jsonl", "fuzz.yaml"):  # relative: beside the config
+        cfg["data"]["path"] = str(world["dir"] / cfg["data"]["path"])
     for key in drop:
         node, *rest = key.split(".")
         (cfg.pop(node, None) if not rest else cfg.get(node, {}).pop(rest[0], None))
