@@ -142,7 +142,8 @@ def test_rebuild_after_hf_pin_change_reuses_base_and_torch_layers(cpu_image, tmp
     new = next(line.split(None, 1)[1] for line in cp.stdout.splitlines() if line.startswith("image:"))
     assert new != old, "a different pin set must get a different tag"
     steps = _steps(cp.stdout)
-    torch_i = next(i for i, (s, _) in enumerate(steps) if "RUN" in s and "torch==" in s and "peft" not in s)
+    torch_i = next(i for i, (s, _) in enumerate(steps)
+                   if "RUN" in s and ("torch==" in s or "python-lock/torch.txt" in s) and "peft" not in s)
     hf_i = next(i for i, (s, _) in enumerate(steps) if "RUN" in s and "peft==" in s)
     before = [(s, c) for s, c in steps[: torch_i + 1] if not re.search(r": FROM ", s)]  # FROM is no layer
     assert len(before) >= 5 and all(c for _, c in before), [s for s, c in before if not c]
@@ -173,7 +174,7 @@ def test_failed_stack_build_names_the_step_and_tags_nothing(cpu_image):
                  "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()), timeout=1200)
     assert cp.returncode == 1, cp.stdout[-3000:] + cp.stderr[-3000:]
     err = cp.stderr
-    assert "podman build failed at [2/2] STEP 3/7: RUN" in err and "peft==99.0.0" in err, err
+    assert re.search(r"podman build failed at \[2/2\] STEP \d+/\d+: RUN", err) and "peft==99.0.0" in err, err
     assert "peft==99.0.0" in err.split("last lines:")[1]  # the engine's own last lines
     assert "what to try" in err and "no image was tagged" in err and "Traceback" not in err
     assert podman("image", "exists", tag, check=False).returncode == 1

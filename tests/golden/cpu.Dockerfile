@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "cpu" (lock 03d78945ac43).
+# Rendered by `toolbox render` from stack "cpu" (lock b9dcd4ff7c27).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -41,24 +41,21 @@ COPY scripts/profile.sh /etc/profile.d/toolbox-image.sh
 FROM base AS runtime
 
 # torch 2.13.0+cpu from https://download.pytorch.org/whl/cpu
+# (copied, not bind-mounted: the file's content must key the layer cache)
+COPY python-lock/torch.txt /opt/toolbox/python-lock/torch.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install \
       --torch-index https://download.pytorch.org/whl/cpu \
-      torch==2.13.0+cpu
+      --require-hashes --no-deps -r /opt/toolbox/python-lock/torch.txt
 
-# Hugging Face stack; torch is named again so pip cannot swap it
+# Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
+COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      accelerate==1.15.0 \
-      datasets==4.8.4 \
-      peft==0.21.2 \
-      transformers==5.17.0 \
-      trl==1.15.0 \
-      torch==2.13.0+cpu
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt
 
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
 # then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
@@ -76,9 +73,11 @@ LABEL \
     io.github.toolbox.accelerate.version="1.15.0" \
     io.github.toolbox.base.image="docker.io/library/debian:bookworm-slim" \
     io.github.toolbox.datasets.version="4.8.4" \
-    io.github.toolbox.lock-digest="03d78945ac43" \
+    io.github.toolbox.lock-digest="b9dcd4ff7c27" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="cpu" \
+    io.github.toolbox.python.lock.sha256="d44c47401a0306520b20bdf410661a920c67d731d8266473e4bae0b34761ea65" \
+    io.github.toolbox.python.lock.torch.sha256="c05c6f1f8b39ee8a11998189d9115ca8d8f6fe4dcb98e439681dacd5a988c505" \
     io.github.toolbox.stack="cpu" \
     io.github.toolbox.torch.index_url="https://download.pytorch.org/whl/cpu" \
     io.github.toolbox.torch.version="2.13.0+cpu" \
@@ -90,4 +89,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-cpu" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="03d78945ac43"
+    org.opencontainers.image.version="b9dcd4ff7c27"

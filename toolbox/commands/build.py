@@ -90,6 +90,10 @@ def run(args) -> int:
                                            ca_bundle=args.ca_bundle)
         if pins:
             stack = load_stack(args.stack, [*args.overrides, *pins])
+    from toolbox.pylock import stale_warning
+
+    if (warning := stale_warning(stack)) is not None:  # pins moved past the stack's Python lock
+        print(warning, file=sys.stderr)
     unverified = stack.unverified_pins()
     if unverified and (args.frozen or not args.allow_unverified):
         raise UserError(

@@ -9,7 +9,19 @@ def run(args) -> int:
     changes = bump(args.component, args.stack, args.to, index_url=args.index_url, registry_url=args.registry_url)
     for k, v in changes.items():
         print(f"{k}: {v}")
+    _relock(args.stack)
     return 0
+
+
+def _relock(stack_ref) -> None:
+    """A stack with a Python lock gets it refreshed for its new pins (toolbox.pylock)."""
+    from toolbox import pylock
+    from toolbox.commands.lock import relock
+    from toolbox.stack import load_stack
+
+    stack = load_stack(stack_ref)
+    if pylock.lock_path(stack).is_file() and pylock.current(stack) is None and not pylock.lockable(stack):
+        print(f"python lock: {relock(stack_ref, [])}")
 
 
 def register(sub) -> None:

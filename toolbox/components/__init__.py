@@ -70,7 +70,7 @@ class Component:
     context: Callable[["Stack"], list[ContextFile]] = lambda s: []
 
 
-ORDER = ("base", "rocm", "rccl", "torch", "bitsandbytes", "hf", "unsloth", "llama_cpp", "entrypoints", "labels")
+ORDER = ("base", "rocm", "rccl", "torch", "bitsandbytes", "hf", "unsloth", "llama_cpp", "entrypoints", "pylock", "labels")
 
 
 def _all() -> list[Component]:

@@ -1,0 +1,41 @@
+"""`toolbox lock --stack S`: resolve the stack's whole Python set into <stack>.pylock.txt (uv)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from toolbox.errors import UserError
+
+
+def find_links(given: list[Path]) -> list[Path]:
+    """--find-links folders, else pip's PIP_FIND_LINKS folders (where a local torch wheel lives)."""
+    if given:
+        for d in given:
+            if not d.is_dir():
+                raise UserError(f"--find-links {d}: not a directory")
+        return given
+    return [Path(d.removeprefix("file://")) for d in (os.environ.get("PIP_FIND_LINKS") or "").split()
+            if Path(d.removeprefix("file://")).is_dir()]
+
+
+def relock(stack_ref, links: list[Path], upgrade: bool = False) -> Path:
+    from toolbox import pylock
+    from toolbox.stack import load_stack
+
+    return pylock.compile_lock(load_stack(stack_ref), find_links=find_links(links), upgrade=upgrade)
+
+
+def run(args) -> int:
+    out = relock(args.stack, args.find_links, upgrade=args.upgrade)
+    print(out)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lock", help="resolve a stack's whole Python set into its hashed lock (uv)")
+    p.add_argument("--stack", metavar="NAME|PATH", default=None, help="shipped stack name or a YAML file (default gfx1151)")
+    p.add_argument("--find-links", type=Path, action="append", default=[], metavar="DIR",
+                   help="folder of local wheels (default: PIP_FIND_LINKS), hashed from the files")
+    p.add_argument("--upgrade", action="store_true", help="newest allowed versions of the unpinned dependencies")
+    p.set_defaults(func=run)

@@ -1,0 +1,41 @@
+"""The stack's Python lock (toolbox.pylock): installed with --require-hashes.
+
+No templates of its own: torch.j2 installs from its torch part while torch's pins still match
+the lock (`python_lock_torch`), hf.j2 from the whole lock while every pin does (`python_lock`).
+The used lock's sha256 is a pin, so a different dependency set never shares an image tag.
+"""
+
+import hashlib
+
+from toolbox import pylock
+from toolbox.components import Component, ContextFile
+
+
+def _parts(stack) -> tuple[str | None, str | None]:
+    """(torch part, whole lock) as far as each still holds for the stack's pins."""
+    p = pylock.torch_current(stack)
+    if p is None:
+        return None, None
+    torch_part, everything = pylock.split(p.read_text(encoding="utf-8"))
+    return torch_part, (everything if pylock.current(stack) else None)
+
+
+def _pins(stack):
+    torch_part, everything = _parts(stack)
+    pins = {}
+    if torch_part is not None:
+        pins["python.lock.torch.sha256"] = hashlib.sha256(torch_part.encode()).hexdigest()
+    if everything is not None:
+        pins["python.lock.sha256"] = hashlib.sha256(pylock.current(stack).read_bytes()).hexdigest()
+    return pins
+
+
+def _context(stack):
+    torch_part, everything = _parts(stack)
+    out = [] if torch_part is None else [ContextFile("python-lock/torch.txt", text=torch_part)]
+    return out + ([] if everything is None else [ContextFile("python-lock/all.txt", text=everything)])
+
+
+COMPONENT = Component("pylock", applies=lambda s: True, pins=_pins, context=_context,
+                      variables=lambda s, lock: {"python_lock_torch": "python.lock.torch.sha256" in lock.pins,
+                                                 "python_lock": "python.lock.sha256" in lock.pins})

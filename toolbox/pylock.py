@@ -1,0 +1,197 @@
+"""One lock per stack for everything Python: `toolbox lock --stack S` (issue 12, item 4).
+
+The stack pins its top-level packages (torch, the HF stack); their dependencies (tokenizers,
+huggingface_hub, safetensors, numpy, ...) would float. uv (a maintained resolver, from PyPI)
+resolves the image's whole Python set for the image's platform and Python into
+`<stack>.pylock.txt` beside the stack file: every version with the sha256 of every file PyPI
+serves for it (a find-links wheel, like the cpu stack's local torch +cpu, is hashed from the
+file). The image then installs with `pip --require-hashes --no-deps` from it: torch and its
+dependencies in the torch step, the rest in the HF step, so a tampered or swapped file fails
+the build. The lock's sha256 is a pin, hence part of the image tag.
+
+The lock records the digest of its inputs; a stack whose pins moved on (`--set hf.peft=...`)
+no longer matches it, and builds unlocked with one warning line until it is locked again.
+Stacks with wheels from an index only the user's network reaches (AMD's) or built from git
+(Unsloth, bitsandbytes) are not locked here yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from toolbox.errors import ToolError, UserError
+from toolbox.files import atomic_write
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PLATFORM = "x86_64-manylinux_2_28"
+# The interpreter the image's /opt/venv is made with: Debian bookworm's python3 is 3.11.
+DEBIAN_PYTHON = {"bookworm": "3.11", "bookworm-slim": "3.11", "trixie": "3.13", "trixie-slim": "3.13"}
+INPUTS_RE = re.compile(r"^# inputs: ([0-9a-f]{64})$", re.M)
+TORCH_INPUTS_RE = re.compile(r"^# torch inputs: ([0-9a-f]{64})$", re.M)
+
+
+def lock_path(stack) -> Path:
+    return stack.source.parent / f"{stack.source.stem}.pylock.txt"
+
+
+def python_version(stack) -> str:
+    base = stack.model.base
+    if base.family == "debian":
+        tag = base.image.rsplit(":", 1)[-1]
+        if tag not in DEBIAN_PYTHON:
+            raise UserError(f"toolbox lock: which Python does {base.image} carry? known: {', '.join(DEBIAN_PYTHON)}")
+        return DEBIAN_PYTHON[tag]
+    m = re.fullmatch(r"python(3\.\d+)", base.python)
+    if not m:
+        raise UserError(f"toolbox lock: base.python {base.python!r} names no version (python3.X)")
+    return m.group(1)
+
+
+def _entrypoint_deps() -> list[str]:
+    """What the image's entrypoints package declares (installed --no-deps; `pip check` holds it to these)."""
+    doc = tomllib.loads((PROJECT_ROOT / "entrypoints" / "pyproject.toml").read_text())
+    return list(doc["project"]["dependencies"])
+
+
+def lockable(stack) -> str | None:
+    """Why the stack cannot be locked here, or None."""
+    m = stack.model
+    if m.platform == "rocm":
+        return "its torch wheels come from AMD's index, which only the user's network reaches"
+    if m.unsloth is not None and getattr(m.unsloth, "source", "pypi") == "git":
+        return "Unsloth is built from git"
+    return None
+
+
+def requirements(stack) -> list[str]:
+    from toolbox.components import hf, torch
+
+    names = {re.split(r"[\[=<>!~ ]", r, maxsplit=1)[0].lower() for r in hf.requirements(stack) + torch.requirements(stack)}
+    extra = [d for d in _entrypoint_deps() if re.split(r"[\[=<>!~ ]", d, maxsplit=1)[0].lower() not in names]
+    return sorted(torch.requirements(stack) + hf.requirements(stack) + extra)
+
+
+def inputs_digest(stack, part: str = "all") -> str:
+    """What the lock (part "all") or its torch part (part "torch": torch's own pins) was made from."""
+    from toolbox.components import torch
+
+    reqs = requirements(stack) if part == "all" else torch.requirements(stack)
+    blob = "\n".join([*reqs, f"platform={PLATFORM}", f"python={python_version(stack)}",
+                      f"index={stack.model.torch.index_url or ''}"])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _matches(stack, part: str) -> Path | None:
+    p = lock_path(stack)
+    if not p.is_file() or lockable(stack):
+        return None
+    rx = INPUTS_RE if part == "all" else TORCH_INPUTS_RE
+    m = rx.search(p.read_text(encoding="utf-8"))
+    return p if m and m.group(1) == inputs_digest(stack, part) else None
+
+
+def current(stack) -> Path | None:
+    """The stack's lock when it exists and was made from the stack's current pins."""
+    return _matches(stack, "all")
+
+
+def torch_current(stack) -> Path | None:
+    """The lock when at least its torch part still holds (only later pins, e.g. hf.*, moved):
+    the torch step stays locked, and its cached layer stays valid."""
+    return _matches(stack, "torch")
+
+
+def stale_warning(stack) -> str | None:
+    p = lock_path(stack)
+    if p.is_file() and current(stack) is None and not lockable(stack):
+        part = " (its torch part still holds and is used)" if torch_current(stack) else ""
+        return (f"toolbox: warning: {p} was made for other pins{part}; this build installs the rest "
+                f"unlocked (`toolbox lock --stack FILE` locks this set)")
+    return None
+
+
+def parse(text: str) -> dict[str, dict]:
+    """{name: {"block": requirement lines, "via": {parents}}} of a uv/pip-compile lock."""
+    out: dict[str, dict] = {}
+    name = None
+    in_via = False
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==\S+", line)
+        if m:
+            name = m.group(1).lower().replace("_", "-")
+            out[name] = {"block": [line], "via": set()}
+            in_via = False
+            continue
+        if name is None:
+            continue
+        s = line.strip()
+        if s.startswith("--hash="):
+            out[name]["block"].append(line)
+        elif s.startswith("# via"):
+            rest = s[len("# via"):].strip()
+            in_via = not rest
+            if rest:
+                out[name]["via"].add(rest.lower())
+        elif in_via and s.startswith("#   "):
+            out[name]["via"].add(s[4:].strip().lower())
+        else:
+            in_via = False
+    return out
+
+
+def split(text: str, first: str = "torch") -> tuple[str, str]:
+    """(lock lines of `first` and everything it pulls in, lock lines of all) for the two pip steps."""
+    pkgs = parse(text)
+    closure = {first}
+    grew = True
+    while grew:
+        grew = False
+        for n, p in pkgs.items():
+            if n not in closure and p["via"] & closure:
+                closure.add(n)
+                grew = True
+
+    def body(names) -> str:
+        return "".join("\n".join(pkgs[n]["block"]) + "\n" for n in sorted(names))
+
+    return body(n for n in pkgs if n in closure), body(pkgs)
+
+
+def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrade: bool = False) -> Path:
+    """Resolve the stack's Python set with uv and write <stack>.pylock.txt (atomically)."""
+    why = lockable(stack)
+    if why:
+        raise UserError(f"toolbox lock: stack {stack.model.name} cannot be locked here: {why}")
+    uv = uv or shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    if not Path(uv).exists() and not shutil.which(uv):
+        raise ToolError("toolbox lock needs uv: pip install 'strix-toolbox[lock]' (or pip install uv)")
+    reqs = requirements(stack)
+    py = python_version(stack)
+    cmd = [uv, "pip", "compile", "-", "--python-platform", PLATFORM, "--python-version", py,
+           "--generate-hashes", "--no-header", "--quiet", "--annotation-style=split"]
+    # As the image's pip.sh: a torch wheel in the find-links wins, and its index is not asked.
+    local_torch = any(any(Path(d).glob("torch-*.whl")) for d in find_links)
+    if stack.model.torch.index_url and not local_torch:
+        cmd += ["--extra-index-url", stack.model.torch.index_url, "--index-strategy", "unsafe-best-match"]
+    for d in find_links:
+        cmd += ["--find-links", str(d)]
+    if upgrade:
+        cmd.append("--upgrade")
+    cp = subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True)
+    if cp.returncode != 0:
+        raise ToolError(f"uv pip compile failed for stack {stack.model.name}:\n{cp.stderr.strip()[-3000:]}")
+    body = cp.stdout.replace("# via -r -", "# via (stack)").replace("#   -r -", "#   (stack)")
+    header = (f"# The whole Python set of the {stack.model.name} image, for {PLATFORM} / Python {py}.\n"
+              f"# Written by `toolbox lock --stack {stack.model.name}` (uv pip compile --generate-hashes);\n"
+              "# the image installs it with pip --require-hashes. Do not edit: re-run toolbox lock / toolbox bump.\n"
+              f"# inputs: {inputs_digest(stack)}\n"
+              f"# torch inputs: {inputs_digest(stack, 'torch')}\n")
+    out = lock_path(stack)
+    atomic_write(out, header + body)
+    return out
