@@ -64,17 +64,25 @@ def lockable(stack) -> str | None:
     m = stack.model
     if m.platform == "rocm":
         return "its torch wheels come from AMD's index, which only the user's network reaches"
-    if m.unsloth is not None and getattr(m.unsloth, "source", "pypi") == "git":
+    if m.unsloth is not None and m.unsloth.source == "git":
         return "Unsloth is built from git"
+    if m.bitsandbytes is not None and m.platform == "rocm":
+        return "bitsandbytes is built for the GPU targets"
     return None
 
 
 def requirements(stack) -> list[str]:
+    """torch's, the HF stack's and (from PyPI) Unsloth's pins, plus what the entrypoints declare."""
     from toolbox.components import hf, torch
 
-    names = {re.split(r"[\[=<>!~ ]", r, maxsplit=1)[0].lower() for r in hf.requirements(stack) + torch.requirements(stack)}
+    pinned = torch.requirements(stack) + hf.requirements(stack)
+    u = stack.model.unsloth
+    if u is not None and u.source == "pypi":
+        extras = f"[{','.join(sorted(u.extras))}]" if u.extras else ""
+        pinned += [f"unsloth{extras}=={u.version}", f"unsloth-zoo=={u.zoo_version}"]
+    names = {re.split(r"[\[=<>!~ ]", r, maxsplit=1)[0].lower() for r in pinned}
     extra = [d for d in _entrypoint_deps() if re.split(r"[\[=<>!~ ]", d, maxsplit=1)[0].lower() not in names]
-    return sorted(torch.requirements(stack) + hf.requirements(stack) + extra)
+    return sorted(pinned + extra)
 
 
 def inputs_digest(stack, part: str = "all") -> str:
@@ -171,6 +179,9 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
     uv = uv or shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
     if not Path(uv).exists() and not shutil.which(uv):
         raise ToolError("toolbox lock needs uv: pip install 'strix-toolbox[lock]' (or pip install uv)")
+    if "+" not in stack.model.torch.torch:
+        # A plain version (cuda's 2.13.0) is PyPI's wheel; a local +cpu wheel must not stand in for it.
+        find_links = []
     reqs = requirements(stack)
     py = python_version(stack)
     cmd = [uv, "pip", "compile", "-", "--python-platform", PLATFORM, "--python-version", py,

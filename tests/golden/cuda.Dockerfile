@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "cuda" (lock 1f25eb5f2a60).
+# Rendered by `toolbox render` from stack "cuda" (lock 9f27beb83e06).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -80,25 +80,20 @@ RUN --mount=type=cache,target=/root/.ccache \
 FROM base AS runtime
 
 # torch 2.13.0
+# (copied, not bind-mounted: the file's content must key the layer cache)
+COPY python-lock/torch.txt /opt/toolbox/python-lock/torch.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install \
-      torch==2.13.0 \
-      torchvision==0.28.0
+      --require-hashes --no-deps -r /opt/toolbox/python-lock/torch.txt
 
-# Hugging Face stack; torch is named again so pip cannot swap it
+# Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
+COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      accelerate==1.15.0 \
-      datasets==4.8.4 \
-      peft==0.21.2 \
-      transformers==5.17.0 \
-      trl==1.15.0 \
-      torch==2.13.0 \
-      torchvision==0.28.0
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt
 
 # unsloth 2026.10.9 from PyPI
 RUN --mount=type=secret,id=ca \
@@ -141,9 +136,11 @@ LABEL \
     io.github.toolbox.llama_cpp.backend="cpu" \
     io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="1f25eb5f2a60" \
+    io.github.toolbox.lock-digest="9f27beb83e06" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="cuda" \
+    io.github.toolbox.python.lock.sha256="b614ab5c454f730e3fbb6f6f30abaced59dc79f8f74ebb959d42a4e8386d934d" \
+    io.github.toolbox.python.lock.torch.sha256="0bc33c8566a5f1af1bd82a2bd512fa53a756b948f443a6e8a8ba9ad61864dccc" \
     io.github.toolbox.stack="cuda" \
     io.github.toolbox.torch.version="2.13.0" \
     io.github.toolbox.torchvision.version="0.28.0" \
@@ -157,4 +154,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-cuda" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="1f25eb5f2a60"
+    org.opencontainers.image.version="9f27beb83e06"
