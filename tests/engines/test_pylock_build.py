@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from enginekit import ca_bundle, podman, toolbox, wheelhouse
+from helpers.enginekit import ca_bundle, podman, toolbox, wheelhouse
 
 pytestmark = pytest.mark.slow
 STACKS = Path(__file__).resolve().parents[2] / "toolbox" / "stacks"
