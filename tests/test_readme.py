@@ -248,13 +248,6 @@ def _toolbox_commands() -> list[list[str]]:
 
 
 HELP = _toolbox_commands() + [["-m", m] for m in SCRIPTS.values() if m != "toolbox"]
-# The training CLIs' fixes are train's (issue 12); until they land these are expected to fail.
-PENDING = {("-m", "toolbox_train.launch", "--help"): "launch --help (train)"}
-PENDING_QUIET = {**PENDING, ("-m", "toolbox_train.bench", "list", "--suite", "all"): "bench list into a closed pipe (train)",
-                 **{("-m", m, "--help"): f"{m} --help into a closed pipe (train)"
-                    for m in ("toolbox_train.finetune", "toolbox_train.bench", "toolbox_train.rccl_check")}}
-
-
 def _run(args: list[str], stdout) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "entrypoints")])}
     env.pop("PYTHONUNBUFFERED", None)  # a shell's buffered stdout: where a closed pipe shows at exit
@@ -262,12 +255,7 @@ def _run(args: list[str], stdout) -> subprocess.CompletedProcess:
                           env=env, cwd=ROOT, timeout=300)
 
 
-def _pending(args: list[str], table=PENDING):
-    why = table.get(tuple(args))
-    return [pytest.param(args, marks=pytest.mark.xfail(reason=why, strict=False))] if why else [args]
-
-
-@pytest.mark.parametrize("args", [p for a in HELP for p in _pending([*a, "--help"])], ids=lambda a: " ".join(a[1:]))
+@pytest.mark.parametrize("args", [[*a, "--help"] for a in HELP], ids=lambda a: " ".join(a[1:]))
 def test_help_works(args):
     cp = _run(args, subprocess.PIPE)
     assert cp.returncode == 0, cp.stderr
@@ -279,7 +267,7 @@ QUIET = [*([*a, "--help"] for a in HELP),
          ["-m", "toolbox", "bench", "list", "--suite", "all"], ["-m", "toolbox_train.bench", "list", "--suite", "all"]]
 
 
-@pytest.mark.parametrize("args", [p for a in QUIET for p in _pending(a, PENDING_QUIET)], ids=lambda a: " ".join(a[1:]))
+@pytest.mark.parametrize("args", QUIET, ids=lambda a: " ".join(a[1:]))
 def test_a_reader_that_left_gets_a_quiet_exit(args):
     """`CMD | head -1`, made deterministic: the pipe's reader is gone before CMD writes a byte."""
     r, w = os.pipe()
@@ -291,7 +279,6 @@ def test_a_reader_that_left_gets_a_quiet_exit(args):
     assert cp.returncode == 0 and cp.stderr == "", f"exit {cp.returncode}: {cp.stderr[-2000:]}"
 
 
-@pytest.mark.xfail(reason="docs/training.md still says .partial/ (train, issue 12)", strict=False)
 def test_docs_name_the_checkpoint_staging_folder_the_code_uses():
     """Checkpoints are staged in `.partial-node<R>/` (one per node), not `.partial/`."""
     from toolbox_train import checkpoints
