@@ -217,11 +217,30 @@ def main(argv: list[str] | None = None) -> int:
             return show_plan(args.config, args.set, args.device_memory)
         summary = run(args.config, args.set, resume=args.resume, overwrite=args.overwrite,
                       device_memory=args.device_memory)
+        shutdown_distributed()
         if Dist.from_env().rank == 0:
             print(json.dumps(summary) if args.json else report.human(summary))
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            # `toolbox cluster launch` reads this: a node that exits non-zero after it lost nothing.
+            print(f"finetune: node {os.environ.get('GROUP_RANK', '0')} finished: {summary.get('steps')} steps",
+                  file=sys.stderr, flush=True)
         return 0
 
     return guarded("finetune", body, debug_wanted(argv))
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group on every rank, while the interpreter is whole.
+
+    Left to interpreter exit, gloo's worker threads may release their last work (tensors that
+    hold Python objects) once finalization has begun; CPython then ends such a thread with
+    pthread_exit, whose unwinding through a noexcept destructor calls std::terminate: "terminate
+    called without an active exception", SIGABRT, after the run had finished."""
+    import torch.distributed as td
+
+    if td.is_available() and td.is_initialized():
+        td.barrier()
+        td.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -45,3 +45,40 @@ def test_node_failing_after_training_leaves_nothing_on_the_port(hosts, clean, tr
                                    f"{sorted(left)}, port {ck.PORT}: {port}\n{log[-3000:]}")
     assert "is held by PID" not in log, log[-3000:]
     assert (out.with_name("out-0") / "summary.json").is_file()
+
+
+# At interpreter exit, each rank records whether its process group is still up (the state in
+# which gloo's threads can abort the process, defect 2); node rank 1 then dies of SIGABRT,
+# as the reported runs did, after its summary was written.
+ABORT_LATE = """
+import atexit, os
+if "LOCAL_RANK" in os.environ and os.environ.get("TOOLBOX_NODE_RANK"):
+    def _at_exit():
+        import torch.distributed as td
+        up = td.is_available() and td.is_initialized()
+        with open(os.path.join(%r, "pg-rank" + os.environ["RANK"]), "w") as f:
+            f.write("up" if up else "destroyed")
+        if os.environ["TOOLBOX_NODE_RANK"] == "1":
+            os.abort()
+    atexit.register(_at_exit)
+"""
+
+
+def test_finished_run_with_abort_at_exit_is_reported_finished(hosts, clean, train_cfg, tmp_path):
+    """Defect 2: a worker aborting at exit after training and summary.json made the launcher
+    report FAILED and print a resume line; the process group was never destroyed."""
+    out = tmp_path / "out"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    r = toolbox(hosts, "launch", "--strategy", "ddp", "--nproc", "1", "--",
+                "finetune", "--config", str(train_cfg), "--set", f"output.dir={out}-{{node_rank}}",
+                "--set", "train.max_steps=3", env=_with_hook(tmp_path, ABORT_LATE % str(marks)))
+    log = r.stdout + r.stderr
+    assert {f.name: f.read_text() for f in marks.iterdir()} == {"pg-rank0": "destroyed", "pg-rank1": "destroyed"}
+    assert r.returncode == 0, log[-3000:]
+    assert "cluster: warning: node2 (node rank 1) ended with" in log and "nothing was lost" in log
+    assert "cluster: all 2 nodes finished" in log
+    assert "cluster: FAILED" not in log and "to resume" not in log
+    assert (out.with_name("out-0") / "summary.json").is_file()
+    left, port = ck.wait_all_gone(hosts, within=30)
+    assert not left and not port
