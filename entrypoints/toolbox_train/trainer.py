@@ -14,9 +14,11 @@ from pathlib import Path
 from transformers import TrainerCallback
 from trl import SFTTrainer
 
-from . import checkpoints
+from . import checkpoints, files
 from .plan import Plan, log
 from .sync import local_sgd_steps
+
+LOCAL_SGD_STATE = "local_sgd.json"  # in each checkpoint: LocalSGD's step counter
 
 
 def peak_mem_gib() -> float:
@@ -126,6 +128,9 @@ class Trainer(SFTTrainer):
             if self._local_sgd is not None:
                 self._local_sgd._sync_and_avg_model_params()  # save what every rank agrees on
             super()._save_checkpoint(model, trial)
+            if self._local_sgd is not None and self.is_local_process_zero():
+                files.write_json(staging / name / LOCAL_SGD_STATE,
+                                 {"every": self._local_sgd.local_sgd_steps, "num_steps": self._local_sgd.num_steps})
         finally:
             self._staging = None
         self.accelerator.wait_for_everyone()
@@ -167,7 +172,11 @@ class Trainer(SFTTrainer):
                 from accelerate.local_sgd import LocalSGD
 
                 self._local_sgd = LocalSGD(self.accelerator, model, ksteps, enabled=True)
-                log(f"LocalSGD: averaging parameters every {ksteps} optimizer steps (no per-step all-reduce)")
+                # Resumed: go on counting where the checkpoint's run was, so the averages fall
+                # on the steps (and give the weights) of a run never interrupted.
+                self._local_sgd.num_steps = self._local_sgd_resumed_steps()
+                log(f"LocalSGD: averaging parameters every {ksteps} optimizer steps (no per-step all-reduce)"
+                    f", counting from step {self._local_sgd.num_steps}")
             # Per micro-step, so it nests inside the Trainer's own no_sync of accumulation steps
             # (one no_sync held for the whole run is undone when an inner one exits).
             with model.no_sync():
@@ -193,9 +202,19 @@ class Trainer(SFTTrainer):
         finally:
             torch.load = orig
 
+    def _local_sgd_resumed_steps(self) -> int:
+        cp = self.toolbox_plan.resume_from
+        if cp is None:
+            return 0
+        if (cp / LOCAL_SGD_STATE).is_file():
+            return int(json.loads((cp / LOCAL_SGD_STATE).read_text())["num_steps"])
+        return self.state.global_step  # a checkpoint from before the counter was saved: one per step
+
     def optimizer_step_done(self):
         if self._local_sgd is not None:
             self._local_sgd.step()
+            if self._local_sgd.num_steps % self._local_sgd.local_sgd_steps == 0:
+                log(f"LocalSGD: averaged at step {self.state.global_step}")
 
     def finish_local_sgd(self):
         if self._local_sgd is not None:

@@ -45,6 +45,13 @@ def toolbox(cluster, *args: str, ssh_config: Path | None = None, env: dict | Non
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def run_line(cluster, argv: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`toolbox ARGV` exactly as given (e.g. the `--resume` line the launcher printed), from node1."""
+    return subprocess.run(cluster.exec_argv(cluster.nodes[0], [sys.executable, "-m", "toolbox", *argv]), cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 

@@ -125,10 +125,7 @@ def start(root: Path, tag: str) -> TwoHosts:
                 "UsePAM no\nStrictModes no\nPrintMotd no\nLogLevel ERROR\n"
                 "MaxStartups 50\nMaxSessions 50\n"
             )
-            proc = subprocess.Popen(netns_argv(node, ["/usr/sbin/sshd", "-D", "-e", "-f", str(conf)]),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=open(root / f"sshd_{node.name}.log", "wb"))
-            node.sshd_pid = proc.pid
+            spawn_sshd(root, node)
         deadline = time.monotonic() + 15
         for node in cluster.nodes:
             _wait_port(node, deadline)
@@ -151,6 +148,37 @@ def start(root: Path, tag: str) -> TwoHosts:
         stop(cluster)
         raise
     return cluster
+
+
+def spawn_sshd(root: Path, node: Node) -> None:
+    proc = subprocess.Popen(netns_argv(node, ["/usr/sbin/sshd", "-D", "-e", "-f", str(root / f"sshd_{node.name}.conf")]),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open(root / f"sshd_{node.name}.log", "ab"))
+    node.sshd_pid = proc.pid
+
+
+def sshd_pids(node: Node) -> list[int]:
+    """The node's sshd: the listener and each connection's processes."""
+    found = []
+    for pid in sh("ip", "netns", "pids", node.netns, check=False).stdout.split():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip().startswith("sshd"):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def restart_sshd(cluster: TwoHosts, node: Node) -> None:
+    """After a test killed it: start it again and wait until it listens."""
+    if node.sshd_pid:
+        try:
+            os.kill(node.sshd_pid, signal.SIGKILL)
+            os.waitpid(node.sshd_pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    spawn_sshd(cluster.root, node)
+    _wait_port(node, time.monotonic() + 15)
 
 
 def stop(cluster: TwoHosts) -> None:

@@ -6,6 +6,7 @@ never interrupted."""
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -82,3 +83,39 @@ def test_finished_run_with_abort_at_exit_is_reported_finished(hosts, clean, trai
     assert (out.with_name("out-0") / "summary.json").is_file()
     left, port = ck.wait_all_gone(hosts, within=30)
     assert not left and not port
+
+
+def test_local_sgd_resume_is_exact(hosts, clean, train_cfg, tmp_path):
+    """Defect 4: resumed under --sync local-sgd:K, the averaging schedule restarted from the
+    resumed step (6, 9 became 7, 10 after a resume at 4), so the weights differed."""
+    def run(out, *extra, env=None):
+        r = toolbox(hosts, "launch", "--strategy", "ddp", "--nproc", "1", "--sync", "local-sgd:3", *extra, "--",
+                    "finetune", "--config", str(train_cfg), "--set", f"output.dir={out}-{{node_rank}}",
+                    "--set", "train.max_steps=10", "--set", "output.save_steps=2", env=env)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        return [int(s) for s in re.findall(r"LocalSGD: averaged at step (\d+)", r.stdout + r.stderr)]
+
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    assert run(ref) == [3, 6, 9]
+    assert run(out, "--env", "TOOLBOX_STOP_AFTER_STEP", env={"TOOLBOX_STOP_AFTER_STEP": "4"}) == [3]
+    assert run(out, "--resume", "--env", "TOOLBOX_STOP_AFTER_STEP", env={"TOOLBOX_STOP_AFTER_STEP": "0"}) == [6, 9]
+    assert ck.max_abs_diff(ck.weights(out.with_name("out-0")), ck.weights(ref.with_name("ref-0"))) <= 1e-6
+
+
+def test_launch_refuses_a_held_master_port_naming_the_pid(hosts, clean, train_cfg, tmp_path):
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(hosts.exec_argv(hosts.nodes[0], [
+        sys.executable, "-c", "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', %d)); s.listen();"
+        " print('up', flush=True); time.sleep(120)" % ck.PORT]), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        r = toolbox(hosts, "launch", "--strategy", "ddp", "--nproc", "1", "--", "finetune", "--config",
+                    str(train_cfg), "--set", f"output.dir={tmp_path}/out-{{node_rank}}", timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"cannot start: master port {ck.PORT} on node1 is held by PID {holder.pid} " in r.stderr, r.stderr
+    assert f"kill {holder.pid}" in r.stderr and "starting" not in r.stdout
