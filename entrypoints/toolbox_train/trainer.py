@@ -202,6 +202,14 @@ class Trainer(SFTTrainer):
         finally:
             torch.load = orig
 
+    def _run_epoch(self, *args, **kwargs):
+        # Resumed from a checkpoint of the last step: transformers would still run one more
+        # step (it checks for the end only after a step); there is nothing left to train.
+        if 0 < self.state.max_steps <= self.state.global_step:
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
+
     def _local_sgd_resumed_steps(self) -> int:
         cp = self.toolbox_plan.resume_from
         if cp is None:
