@@ -61,24 +61,25 @@ def _environ(pid: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
 
 
-def run_pids() -> dict[int, dict[str, str]]:
-    """pid -> environment of every live process a cluster run started on either host."""
+def run_pids(cluster) -> dict[int, dict[str, str]]:
+    """pid -> environment of every live process a cluster run started on either host (only
+    processes inside this harness's namespaces: other test runs on the machine are not ours)."""
     found = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
+    for node in cluster.nodes:
+        for pid in nh.sh("ip", "netns", "pids", node.netns, check=False).stdout.split():
             try:
-                env = _environ(d.name)
+                env = _environ(pid)
             except OSError:
                 continue
             if "TOOLBOX_CLUSTER_RUN" in env:
-                found[int(d.name)] = env
+                found[int(pid)] = env
     return found
 
 
-def worker_pids() -> dict[tuple[int, int], int]:
+def worker_pids(cluster) -> dict[tuple[int, int], int]:
     """(node rank, RANK) -> pid of the training workers (torchrun sets RANK; its agent has none)."""
     out = {}
-    for pid, env in run_pids().items():
+    for pid, env in run_pids(cluster).items():
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
@@ -88,8 +89,8 @@ def worker_pids() -> dict[tuple[int, int], int]:
     return out
 
 
-def node_tree(rank: int) -> list[int]:
-    return [pid for pid, env in run_pids().items() if env.get("TOOLBOX_NODE_RANK") == str(rank)]
+def node_tree(cluster, rank: int) -> list[int]:
+    return [pid for pid, env in run_pids(cluster).items() if env.get("TOOLBOX_NODE_RANK") == str(rank)]
 
 
 def port_listeners(cluster, port: int = PORT) -> str:
@@ -101,15 +102,15 @@ def wait_all_gone(cluster, within: float = 30) -> tuple[dict, str]:
     """Wait until no process of any run is left and the master port is free; what is left."""
     deadline = time.monotonic() + within
     while True:
-        left, port = run_pids(), port_listeners(cluster)
+        left, port = run_pids(cluster), port_listeners(cluster)
         if (not left and not port) or time.monotonic() > deadline:
             return left, port
         time.sleep(0.5)
 
 
-def kill_leftovers() -> list[int]:
+def kill_leftovers(cluster) -> list[int]:
     """Clean up after a failed test, so one leftover does not fail the next test too."""
-    left = list(run_pids())
+    left = list(run_pids(cluster))
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -28,7 +28,7 @@ def hosts(tmp_path_factory):
 def clean(hosts):
     """Fails the test if it left a process of a run behind, and kills it either way."""
     yield
-    left = ck.kill_leftovers()
+    left = ck.kill_leftovers(hosts)
     assert not left, f"processes of a cluster run left behind: {left}"
 
 

@@ -107,8 +107,10 @@ def test_launch_refuses_a_held_master_port_naming_the_pid(hosts, clean, train_cf
     import sys
 
     holder = subprocess.Popen(hosts.exec_argv(hosts.nodes[0], [
-        sys.executable, "-c", "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', %d)); s.listen();"
-        " print('up', flush=True); time.sleep(120)" % ck.PORT]), stdout=subprocess.PIPE, text=True)
+        sys.executable, "-c", "import socket, time; s = socket.socket();"
+        " s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"  # past runs' TIME_WAIT on the port
+        " s.bind(('0.0.0.0', %d)); s.listen(); print('up', flush=True); time.sleep(120)" % ck.PORT]),
+        stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "up"
         r = toolbox(hosts, "launch", "--strategy", "ddp", "--nproc", "1", "--", "finetune", "--config",

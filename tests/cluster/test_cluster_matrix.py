@@ -130,9 +130,9 @@ def test_fault(case, hosts, clean, cfg, reference, hook_env, tmp_path):
         if case in ("worker killed in training", "node tree killed", "sshd killed", "link cut"):
             _wait_for(Path(f"{out}-0/checkpoints/checkpoint-{SAVE}"), proc)
             if case == "worker killed in training":
-                _kill([ck.worker_pids()[(1, 1)]])
+                _kill([ck.worker_pids(hosts)[(1, 1)]])
             elif case == "node tree killed":
-                _kill(ck.node_tree(1))
+                _kill(ck.node_tree(hosts, 1))
             elif case == "sshd killed":
                 _kill(nh.sshd_pids(hosts.nodes[1]))
             else:

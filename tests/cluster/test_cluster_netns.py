@@ -68,7 +68,7 @@ def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
             assert proc.poll() is None, proc.stdout.read()[-4000:]
             assert time.monotonic() < deadline, "no checkpoint within 240 s"
             time.sleep(0.2)
-        pids = ck.worker_pids()
+        pids = ck.worker_pids(hosts)
         assert set(pids) == {(0, 0), (1, 1)}, pids
         killed_at = time.monotonic()
         os.kill(pids[(1, 1)], signal.SIGKILL)
@@ -83,9 +83,9 @@ def test_kill_rank1_then_resume(hosts, train_cfg, tmp_path):
     assert "cluster: FAILED: node2 (node rank 1)" in log, log[-3000:]
     assert "to resume from the last checkpoint: toolbox cluster launch" in log and "--resume" in log
     gone_by = time.monotonic() + 10
-    while ck.worker_pids() and time.monotonic() < gone_by:
+    while ck.worker_pids(hosts) and time.monotonic() < gone_by:
         time.sleep(0.2)
-    assert not ck.worker_pids(), "training processes left running after the stop"
+    assert not ck.worker_pids(hosts), "training processes left running after the stop"
 
     done = max(x["step"] for x in _metrics(Path(f"{out}-0")))
     last = max(int(c.name.split("-")[1]) for c in (Path(f"{out}-0") / "checkpoints").glob("checkpoint-*"))
