@@ -179,6 +179,7 @@ class Setting:
     def label(self) -> str:
         gc = {"off": "no ckpt", "on": "ckpt", "offload": "offloaded ckpt"}[self.gc]
         extra = f", {self.strategy} x{self.world_size}" if self.world_size > 1 else ""
+        extra += f", {self.optimizer}" if "8bit" in self.optimizer else ""
         return f"{self.method} {self.kernels} {gc} b{self.batch} s{self.seq}{extra}"
 
 

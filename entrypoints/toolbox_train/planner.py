@@ -58,6 +58,9 @@ def alternatives(s: Shape, st: Setting, device_bytes: float) -> list[Estimate]:
     while b > 1:
         b //= 2
         trials.append(dataclasses.replace(trials[0], batch=b))
+    if st.method == "full":  # 8-bit optimizer states, or the states sharded over two devices (FSDP)
+        trials.append(dataclasses.replace(trials[0], batch=1, optimizer="paged_adamw_8bit"))
+        trials.append(dataclasses.replace(trials[0], batch=1, strategy="fsdp", world_size=2 * max(1, st.world_size)))
     for m in ("lora", "qlora"):
         if m != st.method:
             trials.append(dataclasses.replace(trials[0], method=m, batch=1))
@@ -167,6 +170,8 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
         dec = Decision(chosen, "set in the config", dec.estimates, fits)
     final = dataclasses.replace(st, gradient_checkpointing=dec.gradient_checkpointing)
     rows = dec.estimates + ([estimate(shape, final)] if final not in [e.setting for e in dec.estimates] else [])
+    if device_bytes and estimate(shape, final).peak > device_bytes:  # what would fit instead
+        rows += [a for a in alternatives(shape, final, device_bytes) if a.setting not in [r.setting for r in rows]]
     return TrainPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final))
 
 
