@@ -284,6 +284,10 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     # -- activations
     k = st.kernels
     per_tok = layer_bytes(s, k, e) * (CAL["unsloth_layer_factor"] if k == "unsloth" else 1)
+    if s.model_type == "gpt_oss" and k != "unsloth":
+        # transformers' GPT-OSS has no sdpa (attention sinks): eager attention keeps the [s, s+1]
+        # scores per head (fp32 softmax output and its bf16 copy); not calibrated on a GPU
+        per_tok += s.heads * st.seq * (4 + 2)
     if st.method == "lora" and k != "unsloth":  # PEFT's fp32 adapters
         per_tok += CAL["hf_lora_extra_per_i"] * s.intermediate * max(1, s.experts_per_token)
     lb = per_tok * tokens
