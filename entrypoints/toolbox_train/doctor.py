@@ -45,8 +45,8 @@ def _read_lock(path: Path) -> dict:
 # lock key -> distribution name, for pins of Python packages
 def _dist_for(key: str) -> str | None:
     parts = key.split(".")
-    if parts[0] == "llama_cpp":  # not a pip package: check_llama_cpp
-        return None
+    if parts[0] == "llama_cpp":  # not pip packages (check_llama_cpp), but for the converter's sentencepiece
+        return "sentencepiece" if parts[-1] == "sentencepiece" else None
     leaf = parts[-1]
     if leaf in ("commit", "repo", "index_url", "sha256", "url", "source", "extras", "digest", "image"):
         return None

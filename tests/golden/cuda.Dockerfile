@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "cuda" (lock 9f27beb83e06).
+# Rendered by `toolbox render` from stack "cuda" (lock 56a7fa4ea744).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -111,8 +111,13 @@ RUN --mount=type=secret,id=ca \
       torchvision==0.28.0
 
 # llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu): programs on PATH, the converter with its own gguf-py
+# (and sentencepiece, which it imports for every Llama model)
 COPY --from=llama_cpp-build /opt/llama.cpp/ /opt/llama.cpp/
-RUN ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install sentencepiece==0.2.3 \
+ && ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
  && llama-cli --version \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
@@ -135,8 +140,9 @@ LABEL \
     io.github.toolbox.datasets.version="4.8.4" \
     io.github.toolbox.llama_cpp.backend="cpu" \
     io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
+    io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="9f27beb83e06" \
+    io.github.toolbox.lock-digest="56a7fa4ea744" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="cuda" \
     io.github.toolbox.python.lock.sha256="b614ab5c454f730e3fbb6f6f30abaced59dc79f8f74ebb959d42a4e8386d934d" \
@@ -154,4 +160,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-cuda" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="9f27beb83e06"
+    org.opencontainers.image.version="56a7fa4ea744"

@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151" (lock 683a5b9ad99a).
+# Rendered by `toolbox render` from stack "gfx1151" (lock 02bf49cd9a3e).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -236,8 +236,13 @@ RUN --mount=type=secret,id=ca \
       torchaudio==2.11.0+rocm7.13.0
 
 # llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): programs on PATH, the converter with its own gguf-py
+# (and sentencepiece, which it imports for every Llama model)
 COPY --from=llama_cpp-build /opt/llama.cpp/ /opt/llama.cpp/
-RUN ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install sentencepiece==0.2.3 \
+ && ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
  && llama-cli --version \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
@@ -264,8 +269,9 @@ LABEL \
     io.github.toolbox.llama_cpp.backend="hip" \
     io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
+    io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="683a5b9ad99a" \
+    io.github.toolbox.lock-digest="02bf49cd9a3e" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
@@ -295,4 +301,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="683a5b9ad99a"
+    org.opencontainers.image.version="02bf49cd9a3e"

@@ -13,7 +13,8 @@ TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion", "llama-cli"
 
 def _pins(stack):
     l = stack.llama_cpp
-    pins = {"llama_cpp.source": l.source, "llama_cpp.commit": l.commit, "llama_cpp.backend": l.backend}
+    pins = {"llama_cpp.source": l.source, "llama_cpp.commit": l.commit, "llama_cpp.backend": l.backend,
+            "llama_cpp.sentencepiece": l.sentencepiece}
     if l.source == "pypi":
         pins["llama_cpp.version"] = l.version
         pins["llama_cpp.sdist_sha256"] = l.sdist_sha256
