@@ -72,15 +72,26 @@ def find_tools(flag: str | None, need=("llama-quantize",)) -> Tools:
     return tools
 
 
+def _stderr_fd():
+    try:
+        sys.stderr.flush()
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (captured)
+        return None
+
+
 def run_tool(argv: list[str], what: str, capture: bool = False, env: dict | None = None) -> tuple[str, str]:
     """Run a llama.cpp program: its own progress goes to our stderr, or (capture) comes back as
     (stdout, stderr)."""
-    pipe = subprocess.PIPE if capture else sys.stderr
+    fd = None if capture else _stderr_fd()
+    pipe = subprocess.PIPE if fd is None else fd
     try:
         cp = subprocess.run([str(a) for a in argv], stdout=pipe, stderr=pipe, text=True, env=env,
                             errors="replace")
     except OSError as exc:
         raise ToolError(f"{what}: cannot start {argv[0]}: {exc}") from None
+    if not capture and fd is None:
+        sys.stderr.write((cp.stdout or "") + (cp.stderr or ""))
     if cp.returncode != 0:
         tail = "\n".join(((cp.stdout or "") + (cp.stderr or "")).splitlines()[-15:])
         raise ToolError(f"{what} failed (exit {cp.returncode}){': ' + tail if tail else ''}")

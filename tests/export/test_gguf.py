@@ -17,6 +17,14 @@ from toolbox_train import evaluate, export, llamacpp
 GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}
 
 
+@pytest.fixture(autouse=True)
+def _no_repack(monkeypatch):
+    # llama.cpp's CPU weight repacking (its own option, env LLAMA_ARG_REPACK) segfaults on the tiny
+    # models' q8_0/q4_k tensors (16-row k/v projections) in the pinned build on this AVX-512/AMX CPU;
+    # it only changes the weights' memory layout for speed, so the tests run without it.
+    monkeypatch.setenv("LLAMA_ARG_REPACK", "0")
+
+
 def _hf_ppl(run, text, ctx):
     import torch
     from peft import PeftModel
