@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import UserError
+from .errors import UserError, first_line
 from .rowcheck import Locate, check_rows, detect_format, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -38,7 +38,7 @@ def _read(builder: str, files: list[Path], field: str):
     try:
         return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
     except Exception as exc:  # pyarrow/pandas parse errors name no line we can trust
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         raise UserError(f"{field}: {files[0]}: could not be read as {builder}: {reason}") from None
 
 

@@ -10,7 +10,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from .errors import ToolError, UserError
+from .errors import ToolError, UserError, first_line
 
 DEBUG_HELP = "show the traceback of an error (or TOOLBOX_DEBUG=1)"
 
@@ -22,6 +22,11 @@ def add_debug(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def debug_wanted(argv: Sequence[str]) -> bool:
     return os.environ.get("TOOLBOX_DEBUG") == "1" or "--debug" in argv
+
+
+def _quiet_stdout() -> None:
+    # Keep Python's own flush at exit from failing on a pipe whose reader is gone.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def guarded(prog: str, body: Callable[[], int | None], debug: bool) -> int:
@@ -38,23 +43,20 @@ def guarded(prog: str, body: Callable[[], int | None], debug: bool) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # `bench list | head -1`: the reader left; say nothing, and keep Python's own flush at
-        # exit from failing on the closed pipe.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:  # `bench list | head -1`: the reader left; say nothing
+        _quiet_stdout()
         return 0
-    except SystemExit:
-        # argparse's --help and usage errors print, then exit: a closed pipe shows at the flush.
+    except SystemExit:  # argparse's --help and usage errors: a closed pipe shows at the flush
         try:
             sys.stdout.flush()
         except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _quiet_stdout()
         raise
     except Exception as exc:  # noqa: BLE001 (the entry point's last line of defence)
         if debug:
             traceback.print_exc()
         else:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            print(f"{prog}: internal error: {type(exc).__name__}: {reason[:500]} "
+            what = f"{type(exc).__name__}: {first_line(exc, 500)}" if str(exc).strip() else type(exc).__name__
+            print(f"{prog}: internal error: {what} "
                   "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 from itertools import islice
 
 from .data import Locate, load_datasets
-from .errors import UserError
+from .errors import UserError, first_line
 from .plan import Plan, log
 from .rowcheck import NAMED, refuse
 
@@ -19,7 +19,7 @@ def load_tokenizer(p: Plan):
         tok = AutoTokenizer.from_pretrained(p.model_path, revision=p.cfg.model.revision,
                                             trust_remote_code=p.cfg.model.trust_remote_code)
     except Exception as exc:  # missing/corrupt tokenizer files: tokenizers, sentencepiece, json errors
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         raise UserError(f"model.path: {p.model_path}: cannot load the tokenizer: {reason[:300]}") from None
     return getattr(tok, "tokenizer", tok)
 
@@ -39,7 +39,7 @@ def check_chat_template(tok, ds, locate: Locate, field: str) -> None:
         except Exception as exc:  # jinja2's TemplateError (raise_exception), or no template at all
             count += 1
             if len(bad) < NAMED:
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                reason = first_line(exc)
                 bad.append((locate(i), f"the model's chat template rejects this conversation: {reason[:200]}"))
     refuse(bad, count, total, field)
 

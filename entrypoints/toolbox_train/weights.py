@@ -7,6 +7,8 @@ import json
 import struct
 from pathlib import Path
 
+from .errors import first_line
+
 # safetensors' own limit on the JSON header (100 MB); a larger length is garbage.
 MAX_HEADER = 100_000_000
 
@@ -55,7 +57,7 @@ def torch_file_problem(path: Path) -> str | None:
         with safe_globals():
             torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch raises RuntimeError, pickle errors, EOFError, zip errors...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         return f"{path.name}: truncated or corrupt, cannot be loaded ({first[:200]})"
     return None
 

@@ -164,3 +164,15 @@ def test_resume_skips_a_checkpoint_with_any_truncated_file(tmp_path, tiny_model,
     assert s["steps"] == 8
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
+
+
+def test_launch_refuses_bad_data_before_any_rank_or_file(setup, capsys):
+    from toolbox_train import launch
+
+    tmp, model, data, out = setup
+    bad = _jsonl(tmp / "bad.jsonl", [{"text": "fine"}, {"txt": "typo"}])
+    cfg = write_train_config(tmp / "t.yaml", model, bad, out)
+    assert launch.main(["--strategy", "ddp", "--nproc", "2", "--cpu", "--", "finetune", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: no 'text' field" in err and "Traceback" not in err, err
+    assert not out.exists()  # not even launch/ (the accelerate config is written after every check)
