@@ -7,13 +7,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from toolbox import pylock
 from toolbox.render import render_dockerfile
-from toolbox.stack import load_stack
+from toolbox.stack import STACKS_DIR, load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,8 +39,6 @@ def test_local_torch_wheel_is_hashed_from_the_file():
     dirs = [d for d in [*(os.environ.get("PIP_FIND_LINKS") or "").split(), "/opt/wheels"] if Path(d).is_dir()]
     files = [w for d in dirs for w in sorted(Path(d).glob("torch-2.13.0+cpu-*.whl"))]
     if not files:
-        import pytest
-
         pytest.skip("no local torch 2.13.0+cpu wheel on this machine")
     block = "\n".join(pylock.parse(pylock.lock_path(load_stack("cpu")).read_text())["torch"]["block"])
     assert hashlib.sha256(files[0].read_bytes()).hexdigest() in block
@@ -54,7 +55,12 @@ def test_render_installs_with_require_hashes_in_two_steps():
     assert stack.lock()["python.lock.sha256"] == sha  # a pin: part of the lock digest, the tag
 
 
-def test_moved_pins_build_unlocked_with_a_warning(tmp_path):
+def _cli(*args: str, tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'entrypoints'}", "TMPDIR": str(tmp_path), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "toolbox", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_moved_pins_are_refused_or_built_unlocked_with_a_warning(tmp_path):
     stack = load_stack("cpu", ["hf.peft=0.18.1"])
     assert pylock.current(stack) is None and "python.lock.sha256" not in stack.lock()
     # torch's pins did not move: its step stays locked (and its cached layer valid), the rest is not
@@ -64,15 +70,83 @@ def test_moved_pins_build_unlocked_with_a_warning(tmp_path):
     moved = load_stack("cpu", ["torch.torch=2.12.0+cpu"])
     assert pylock.torch_current(moved) is None and "--require-hashes" not in render_dockerfile(moved)
     assert stack.lock_digest() != load_stack("cpu").lock_digest()
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'entrypoints'}", "TMPDIR": str(tmp_path)}
-    cp = subprocess.run([sys.executable, "-m", "toolbox", "build", "--stack", "cpu", "--set", "hf.peft=0.18.1",
-                         "--engine", "podman", "--dry-run"], capture_output=True, text=True, env=env, cwd=ROOT)
+    build = ("build", "--stack", "cpu", "--set", "hf.peft=0.18.1", "--engine", "podman", "--dry-run")
+    cp = _cli(*build, tmp_path=tmp_path)
+    assert cp.returncode == 2 and cp.stdout == "" and not list(tmp_path.iterdir())  # refused before anything
+    assert cp.stderr.splitlines() == [
+        f"toolbox: error: {pylock.lock_path(stack)}: the Python lock is for other pins than this build's: "
+        "run `toolbox lock --stack cpu --set hf.peft=0.18.1` (or build --unlocked: no hash checks)"]
+    cp = _cli(*build, "--unlocked", tmp_path=tmp_path)
     assert cp.returncode == 0, cp.stderr
-    assert "cpu.pylock.txt was made for other pins" in cp.stderr
+    assert "cpu.pylock.txt was made for other pins (its torch part still holds and is used)" in cp.stderr
+    cp = _cli("lock", "--stack", "cpu", "--set", "hf.peft=0.18.1", "--check", tmp_path=tmp_path)
+    assert cp.returncode == 2 and "not made from stack cpu's pins" in cp.stderr and "Traceback" not in cp.stderr
 
 
-def test_rocm_stacks_are_refused_with_the_reason():
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'entrypoints'}"}
-    cp = subprocess.run([sys.executable, "-m", "toolbox", "lock", "--stack", "gfx1151"],
-                        capture_output=True, text=True, env=env, cwd=ROOT)
-    assert cp.returncode == 2 and "AMD's index" in cp.stderr and "Traceback" not in cp.stderr
+def test_a_set_pin_set_locked_into_the_user_state_is_used(tmp_path, monkeypatch):
+    """What `toolbox lock --stack cpu --set hf.peft=...` writes (made here from the shipped lock,
+    offline): the build then finds it, and it never replaces the checked-in lock."""
+    monkeypatch.setenv("TOOLBOX_STATE_DIR", str(tmp_path / "state"))
+    stack = load_stack("cpu", ["hf.peft=0.21.1"])
+    user = pylock.user_lock_path(stack)
+    assert user.is_relative_to(tmp_path / "state")
+    text = pylock.lock_path(stack).read_text()
+    text = re.sub(r"(?m)^# inputs: .*$", f"# inputs: {pylock.inputs_digest(stack)}", text)
+    user.parent.mkdir(parents=True)
+    user.write_text(text.replace("peft==0.21.2", "peft==0.21.1"))
+    again = load_stack("cpu", ["hf.peft=0.21.1"])
+    assert pylock.current(again) == user and pylock.check(again, "cpu", ["hf.peft=0.21.1"]) is None
+    assert again.lock()["python.lock.sha256"] == hashlib.sha256(user.read_bytes()).hexdigest()
+    assert "--require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt" in render_dockerfile(again)
+    assert pylock.current(load_stack("cpu")) == pylock.lock_path(stack)
+
+
+def test_every_shipped_stack_is_locked_and_current():
+    """A pin changed without `toolbox lock` (`toolbox bump` relocks) fails here."""
+    from toolbox.stack import stack_names
+
+    for name in stack_names():
+        stack = load_stack(name)
+        assert pylock.current(stack) == pylock.lock_path(stack), f"run `toolbox lock --stack {name}`"
+        assert pylock.check(stack, name) is None
+
+
+def test_amd_wheels_are_first_use_and_the_rest_is_locked():
+    stack = load_stack("gfx1151-rocm7.14")
+    text = pylock.current(stack).read_text()
+    for req in ("torch[device-gfx1151]==2.11.0+rocm7.14.0", "torchaudio==2.11.0+rocm7.14.0"):
+        assert f"# first-use: {req} from https://repo.amd.com/rocm/whl-multi-arch/" in text
+    pkgs = pylock.parse(text)
+    assert "torch" not in pkgs and "nvidia-cublas" not in pkgs  # PyPI's torch did not stand in
+    assert {"transformers", "tokenizers", "huggingface-hub", "numpy", "bitsandbytes"} <= set(pkgs)
+    # the PyPI bitsandbytes wheel the stack pins by sha256 is one of the lock's files
+    assert f"--hash=sha256:{stack.bitsandbytes.wheel_sha256}" in "\n".join(pkgs["bitsandbytes"]["block"])
+    d = render_dockerfile(stack)
+    assert "python-lock/torch.txt" not in d and "torch[device-gfx1151]==2.11.0+rocm7.14.0" in d
+    assert "--require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt" in d
+    moved = load_stack("gfx1151-rocm7.14", ["torch.torch=2.12.0+rocm7.14.0"])
+    assert pylock.current(moved) is None  # a first-use pin is an input too
+
+
+def test_one_changed_hash_is_another_tag(tmp_path):
+    shutil.copy(STACKS_DIR / "cpu.yaml", tmp_path / "cpu.yaml")
+    lock = (STACKS_DIR / "cpu.pylock.txt").read_text()
+    (tmp_path / "cpu.pylock.txt").write_text(lock)
+    same = load_stack(str(tmp_path / "cpu.yaml"))
+    assert same.lock_digest() == load_stack("cpu").lock_digest()
+    good = re.search(r"(?m)^numpy==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", lock)[1]
+    (tmp_path / "cpu.pylock.txt").write_text(lock.replace(good, good[::-1], 1))
+    assert load_stack(str(tmp_path / "cpu.yaml")).lock_digest() != same.lock_digest()
+
+
+@pytest.mark.skipif(not (shutil.which("uv") or (Path(sys.executable).parent / "uv").exists()), reason="uv (test extra)")
+def test_lock_resolves_the_same_file_twice(tmp_path):
+    """`toolbox lock` of a copy of gfx1151 (PyPI only: AMD's wheels are first-use): twice the same bytes."""
+    shutil.copy(STACKS_DIR / "gfx1151.yaml", tmp_path / "gfx1151.yaml")
+    outs = []
+    for _ in range(2):
+        cp = _cli("lock", "--stack", str(tmp_path / "gfx1151.yaml"), tmp_path=tmp_path)
+        assert cp.returncode == 0, cp.stderr
+        outs.append((tmp_path / "gfx1151.pylock.txt").read_text())
+    assert outs[0] == outs[1] and "# first-use: torch==2.11.0+rocm7.13.0" in outs[0]
+    assert pylock.current(load_stack(str(tmp_path / "gfx1151.yaml"))) == tmp_path / "gfx1151.pylock.txt"

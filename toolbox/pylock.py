@@ -10,9 +10,13 @@ dependencies in the torch step, the rest in the HF step, so a tampered or swappe
 the build. The lock's sha256 is a pin, hence part of the image tag.
 
 The lock records the digest of its inputs; a stack whose pins moved on (`--set hf.peft=...`)
-no longer matches it, and builds unlocked with one warning line until it is locked again.
-Stacks with wheels from an index only the user's network reaches (AMD's) or built from git
-(Unsloth, bitsandbytes) are not locked here yet.
+no longer matches it: `toolbox build` refuses it (exit 2) unless --unlocked, and
+`toolbox lock --stack S --set ...` locks that pin set into the user's state
+($XDG_STATE_HOME/toolbox/pylocks/, keyed by the inputs), where the build finds it.
+Wheels from an index only the user's network reaches (AMD's torch) are left out of the
+resolution and named under `# first-use:` in the lock; what a stack builds from git (Unsloth,
+bitsandbytes on ROCm) is not in it either: their steps install them, and what they pull in,
+without hashes.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -37,7 +42,15 @@ TORCH_INPUTS_RE = re.compile(r"^# torch inputs: ([0-9a-f]{64})$", re.M)
 
 
 def lock_path(stack) -> Path:
+    """The checked-in lock, beside the stack file: for the file's own pins."""
     return stack.source.parent / f"{stack.source.stem}.pylock.txt"
+
+
+def user_lock_path(stack) -> Path:
+    """The lock of a pin set that --set made: in the user's state, keyed by its inputs."""
+    from toolbox.pinning import state_dir
+
+    return state_dir() / "pylocks" / f"{stack.source.stem}-{inputs_digest(stack)[:16]}.pylock.txt"
 
 
 def python_version(stack) -> str:
@@ -59,27 +72,27 @@ def _entrypoint_deps() -> list[str]:
     return list(doc["project"]["dependencies"])
 
 
-def lockable(stack) -> str | None:
-    """Why the stack cannot be locked here, or None."""
+def first_use(stack) -> list[str]:
+    """torch's pins where AMD's index serves them: only the user's network reaches it."""
+    from toolbox.components import torch
+
     m = stack.model
-    if m.platform == "rocm":
-        return "its torch wheels come from AMD's index, which only the user's network reaches"
-    if m.unsloth is not None and m.unsloth.source == "git":
-        return "Unsloth is built from git"
-    if m.bitsandbytes is not None and m.platform == "rocm":
-        return "bitsandbytes is built for the GPU targets"
-    return None
+    return torch.requirements(stack) if m.platform == "rocm" and m.torch.index_url else []
 
 
 def requirements(stack) -> list[str]:
-    """torch's, the HF stack's and (from PyPI) Unsloth's pins, plus what the entrypoints declare."""
+    """torch's (unless first-use), the HF stack's, PyPI Unsloth's and PyPI bitsandbytes' pins,
+    plus what the entrypoints declare."""
     from toolbox.components import hf, torch
 
-    pinned = torch.requirements(stack) + hf.requirements(stack)
+    pinned = ([] if first_use(stack) else torch.requirements(stack)) + hf.requirements(stack)
     u = stack.model.unsloth
     if u is not None and u.source == "pypi":
         extras = f"[{','.join(sorted(u.extras))}]" if u.extras else ""
         pinned += [f"unsloth{extras}=={u.version}", f"unsloth-zoo=={u.zoo_version}"]
+    b = stack.model.bitsandbytes
+    if b is not None and stack.model.platform == "rocm" and b.source == "pypi":
+        pinned.append(f"bitsandbytes=={b.version}")
     names = {re.split(r"[\[=<>!~ ]", r, maxsplit=1)[0].lower() for r in pinned}
     extra = [d for d in _entrypoint_deps() if re.split(r"[\[=<>!~ ]", d, maxsplit=1)[0].lower() not in names]
     return sorted(pinned + extra)
@@ -89,19 +102,26 @@ def inputs_digest(stack, part: str = "all") -> str:
     """What the lock (part "all") or its torch part (part "torch": torch's own pins) was made from."""
     from toolbox.components import torch
 
-    reqs = requirements(stack) if part == "all" else torch.requirements(stack)
+    if part == "all":
+        reqs = requirements(stack) + [f"first-use {r}" for r in first_use(stack)]
+    else:
+        reqs = [] if first_use(stack) else torch.requirements(stack)
     blob = "\n".join([*reqs, f"platform={PLATFORM}", f"python={python_version(stack)}",
                       f"index={stack.model.torch.index_url or ''}"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _matches(stack, part: str) -> Path | None:
-    p = lock_path(stack)
-    if not p.is_file() or lockable(stack):
-        return None
+    """The checked-in lock, else the user's lock of this pin set, made from these inputs."""
+    if part == "torch" and first_use(stack):
+        return None  # no torch part: AMD's wheels are not in the lock
     rx = INPUTS_RE if part == "all" else TORCH_INPUTS_RE
-    m = rx.search(p.read_text(encoding="utf-8"))
-    return p if m and m.group(1) == inputs_digest(stack, part) else None
+    for p in (lock_path(stack), user_lock_path(stack)):
+        if p.is_file():
+            m = rx.search(p.read_text(encoding="utf-8"))
+            if m and m.group(1) == inputs_digest(stack, part):
+                return p
+    return None
 
 
 def current(stack) -> Path | None:
@@ -115,13 +135,22 @@ def torch_current(stack) -> Path | None:
     return _matches(stack, "torch")
 
 
-def stale_warning(stack) -> str | None:
+def check(stack, ref: str | None, overrides=(), unlocked: bool = False) -> str | None:
+    """Refuse a stale lock (UserError, one line); with `unlocked`, or for a stack never locked,
+    the warning line to print instead (None when the lock holds)."""
     p = lock_path(stack)
-    if p.is_file() and current(stack) is None and not lockable(stack):
-        part = " (its torch part still holds and is used)" if torch_current(stack) else ""
-        return (f"toolbox: warning: {p} was made for other pins{part}; this build installs the rest "
-                f"unlocked (`toolbox lock --stack FILE` locks this set)")
-    return None
+    if current(stack) is not None:
+        return None
+    if not p.is_file():
+        return (f"toolbox: warning: stack {stack.model.name} has no Python lock ({p}): its dependencies "
+                f"float and are not hash-checked (`toolbox lock --stack {ref or stack.model.name}` writes one)")
+    cmd = " ".join(["toolbox lock --stack", ref or stack.model.name, *(f"--set {o}" for o in overrides)])
+    if not unlocked:
+        raise UserError(f"{p}: the Python lock is for other pins than this build's: run `{cmd}` "
+                        "(or build --unlocked: no hash checks)")
+    part = " (its torch part still holds and is used)" if torch_current(stack) else ""
+    return (f"toolbox: warning: {p} was made for other pins{part}; this build installs the rest "
+            f"unlocked (`{cmd}` locks this set)")
 
 
 def parse(text: str) -> dict[str, dict]:
@@ -171,11 +200,10 @@ def split(text: str, first: str = "torch") -> tuple[str, str]:
     return body(n for n in pkgs if n in closure), body(pkgs)
 
 
-def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrade: bool = False) -> Path:
-    """Resolve the stack's Python set with uv and write <stack>.pylock.txt (atomically)."""
-    why = lockable(stack)
-    if why:
-        raise UserError(f"toolbox lock: stack {stack.model.name} cannot be locked here: {why}")
+def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrade: bool = False,
+                 user: bool = False) -> Path:
+    """Resolve the stack's Python set with uv and write <stack>.pylock.txt (atomically); `user`:
+    the user's lock of a --set pin set instead of the checked-in one."""
     uv = uv or shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
     if not Path(uv).exists() and not shutil.which(uv):
         raise ToolError("toolbox lock needs uv: pip install 'strix-toolbox[lock]' (or pip install uv)")
@@ -194,7 +222,14 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
         cmd += ["--find-links", str(d)]
     if upgrade:
         cmd.append("--upgrade")
-    cp = subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix="toolbox-lock-") as tmp:
+        if first_use(stack):
+            # An override no platform matches drops torch from the resolution (HF packages need
+            # it): AMD's wheels cannot be resolved here, and PyPI's torch must not stand in.
+            names = sorted({re.split(r"[\[=]", r, maxsplit=1)[0] for r in first_use(stack)})
+            (Path(tmp) / "first-use.txt").write_text("".join(f"{n} ; python_version < '0'\n" for n in names))
+            cmd += ["--overrides", str(Path(tmp) / "first-use.txt")]
+        cp = subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True)
     if cp.returncode != 0:
         raise ToolError(f"uv pip compile failed for stack {stack.model.name}:\n{cp.stderr.strip()[-3000:]}")
     body = cp.stdout.replace("# via -r -", "# via (stack)").replace("#   -r -", "#   (stack)")
@@ -203,6 +238,10 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
               "# the image installs it with pip --require-hashes. Do not edit: re-run toolbox lock / toolbox bump.\n"
               f"# inputs: {inputs_digest(stack)}\n"
               f"# torch inputs: {inputs_digest(stack, 'torch')}\n")
-    out = lock_path(stack)
+    for r in first_use(stack):
+        header += (f"# first-use: {r} from {stack.model.torch.index_url}: not reachable when locking; "
+                   "installed without a hash check\n")
+    out = user_lock_path(stack) if user else lock_path(stack)
+    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, header + body)
     return out

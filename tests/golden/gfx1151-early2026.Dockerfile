@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock c2af55d203a8).
+# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 2ab812dbf16f).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -204,19 +204,12 @@ RUN --mount=type=secret,id=ca \
       torchvision==0.25.0+rocm7.12.0a20260227 \
       torchaudio==2.10.0+rocm7.12.0a20260227
 
-# Hugging Face stack; torch is named again so pip cannot swap it
+# Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
+COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      accelerate==1.15.0 \
-      datasets==4.3.0 \
-      peft==0.18.1 \
-      transformers==5.5.0 \
-      trl==0.24.0 \
-      torch==2.10.0+rocm7.12.0a20260227 \
-      torchvision==0.25.0+rocm7.12.0a20260227 \
-      torchaudio==2.10.0+rocm7.12.0a20260227
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt
 
 # unsloth 2026.8.19 @ 015bdef0d94a241bcd94eec7a405b1700632180d
 COPY --from=unsloth-build /wheels/unsloth/ /opt/toolbox/wheels/unsloth/
@@ -271,9 +264,10 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="c2af55d203a8" \
+    io.github.toolbox.lock-digest="2ab812dbf16f" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
+    io.github.toolbox.python.lock.sha256="6e25663a4fd7117fce38c5fb2356b71387ac71b1a86cc55390c953f7f5ace66a" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="0f191289ffadcebdb65391c5d9ddacccfbffae36" \
     io.github.toolbox.rccl.enable_smi="false" \
@@ -301,4 +295,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-early2026" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="c2af55d203a8"
+    org.opencontainers.image.version="2ab812dbf16f"

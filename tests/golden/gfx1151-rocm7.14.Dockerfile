@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock 8bca16941cad).
+# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock cd95e5257ade).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -192,19 +192,12 @@ RUN --mount=type=secret,id=ca \
 # against this image's ROCm: its RUNPATH is /opt/rocm/lib (hipBLAS, hipBLASLt, rocRAND). No GPU needed.
 RUN /opt/venv/bin/python -c 'import ctypes, importlib.util, os; d = importlib.util.find_spec("bitsandbytes").submodule_search_locations[0]; ctypes.CDLL(os.path.join(d, "libbitsandbytes_rocm714.so")); print("loads:", "libbitsandbytes_rocm714.so")'
 
-# Hugging Face stack; torch is named again so pip cannot swap it
+# Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
+COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      accelerate==1.15.0 \
-      datasets==4.3.0 \
-      peft==0.18.1 \
-      transformers==5.5.0 \
-      trl==0.24.0 \
-      'torch[device-gfx1151]==2.11.0+rocm7.14.0' \
-      'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
-      torchaudio==2.11.0+rocm7.14.0
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt
 
 # unsloth 2026.8.19 @ 015bdef0d94a241bcd94eec7a405b1700632180d
 COPY --from=unsloth-build /wheels/unsloth/ /opt/toolbox/wheels/unsloth/
@@ -260,9 +253,10 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="8bca16941cad" \
+    io.github.toolbox.lock-digest="cd95e5257ade" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
+    io.github.toolbox.python.lock.sha256="8d7de22003ed753d9e6756abbaac700c964b3441b4395c0708c180a180df2046" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="2b22ab0195cc1461cd9abf3b969e9dd7c10af350" \
     io.github.toolbox.rccl.enable_smi="true" \
@@ -291,4 +285,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm7.14" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="8bca16941cad"
+    org.opencontainers.image.version="cd95e5257ade"

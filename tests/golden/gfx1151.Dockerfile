@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151" (lock 02bf49cd9a3e).
+# Rendered by `toolbox render` from stack "gfx1151" (lock 28b5bce4e7c4).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -204,19 +204,12 @@ RUN --mount=type=secret,id=ca \
       torchvision==0.26.0+rocm7.13.0 \
       torchaudio==2.11.0+rocm7.13.0
 
-# Hugging Face stack; torch is named again so pip cannot swap it
+# Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
+COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      accelerate==1.15.0 \
-      datasets==4.3.0 \
-      peft==0.18.1 \
-      transformers==5.5.0 \
-      trl==0.24.0 \
-      torch==2.11.0+rocm7.13.0 \
-      torchvision==0.26.0+rocm7.13.0 \
-      torchaudio==2.11.0+rocm7.13.0
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt
 
 # unsloth 2026.8.19 @ 015bdef0d94a241bcd94eec7a405b1700632180d
 COPY --from=unsloth-build /wheels/unsloth/ /opt/toolbox/wheels/unsloth/
@@ -271,9 +264,10 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="02bf49cd9a3e" \
+    io.github.toolbox.lock-digest="28b5bce4e7c4" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
+    io.github.toolbox.python.lock.sha256="f777d119e8ab72913035cf9fd153aa873e564993711b8d32f65c527f9fca5b29" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="79e85e1468f96a867108043c953e9547c13b4c5e" \
     io.github.toolbox.rccl.enable_smi="false" \
@@ -301,4 +295,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="02bf49cd9a3e"
+    org.opencontainers.image.version="28b5bce4e7c4"

@@ -30,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--allow-unverified", action="store_true", help="build even with pins marked unverified")
     p.add_argument("--frozen", action="store_true",
                    help="refuse pins not yet locked (no first-use pinning; for CI and releases)")
+    p.add_argument("--unlocked", action="store_true",
+                   help="build although the stack's Python lock is for other pins (those install unhashed)")
     p.add_argument("--dry-run", action="store_true", help="print the engine commands, shell-quoted; build nothing")
     p.set_defaults(func=run)
 
@@ -79,10 +81,12 @@ def run(args) -> int:
     from toolbox.run_options import default_tag
     from toolbox.stack import load_stack
 
-    from toolbox import pinning
+    from toolbox import pinning, pylock
 
     stack = load_stack(args.stack, args.overrides)
     _check_inputs(args)
+    # A stale Python lock: exit 2 before anything is fetched (its warnings come after pinning's lines).
+    lock_warning = pylock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
     engine = get_engine(args.engine)
     if not args.allow_unverified or args.frozen:
         # The ROCm tarball's sha256 / base digest: from the user's pin lock, else fetched once now.
@@ -90,10 +94,6 @@ def run(args) -> int:
                                            ca_bundle=args.ca_bundle)
         if pins:
             stack = load_stack(args.stack, [*args.overrides, *pins])
-    from toolbox.pylock import stale_warning
-
-    if (warning := stale_warning(stack)) is not None:  # pins moved past the stack's Python lock
-        print(warning, file=sys.stderr)
     unverified = stack.unverified_pins()
     if unverified and (args.frozen or not args.allow_unverified):
         raise UserError(
@@ -101,6 +101,8 @@ def run(args) -> int:
             "(`toolbox bump`/hashes) or pass --allow-unverified" + (" (not with --frozen)" if args.frozen else "")
         )
     tag = args.tag or default_tag(stack)
+    if lock_warning:
+        print(lock_warning, file=sys.stderr)
 
     if args.context is not None:
         ctx_parent, keep = args.context.resolve(), True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from toolbox.bump import COMPONENTS, bump
+from toolbox.errors import ToolError, UserError
 
 
 def run(args) -> int:
@@ -20,8 +21,12 @@ def _relock(stack_ref) -> None:
     from toolbox.stack import load_stack
 
     stack = load_stack(stack_ref)
-    if pylock.lock_path(stack).is_file() and pylock.current(stack) is None and not pylock.lockable(stack):
-        print(f"python lock: {relock(stack_ref, [])}")
+    if pylock.lock_path(stack).is_file() and pylock.current(stack) is None:
+        try:
+            print(f"python lock: {relock(stack_ref, [])}")
+        except (ToolError, UserError) as exc:
+            raise ToolError(f"pins written, but {pylock.lock_path(stack)} is stale now and uv could not "
+                            f"lock them ({str(exc).splitlines()[0]}): run `toolbox lock --stack {stack_ref or stack.name}`") from None
 
 
 def register(sub) -> None:

@@ -19,15 +19,29 @@ def find_links(given: list[Path]) -> list[Path]:
             if Path(d.removeprefix("file://")).is_dir()]
 
 
-def relock(stack_ref, links: list[Path], upgrade: bool = False) -> Path:
+def relock(stack_ref, links: list[Path], upgrade: bool = False, overrides=()) -> Path:
     from toolbox import pylock
     from toolbox.stack import load_stack
 
-    return pylock.compile_lock(load_stack(stack_ref), find_links=find_links(links), upgrade=upgrade)
+    stack = load_stack(stack_ref, overrides)
+    # A --set that changes the Python set is locked into the user's state, never the shipped file.
+    user = bool(overrides) and pylock.inputs_digest(stack) != pylock.inputs_digest(load_stack(stack_ref))
+    return pylock.compile_lock(stack, find_links=find_links(links), upgrade=upgrade, user=user)
 
 
 def run(args) -> int:
-    out = relock(args.stack, args.find_links, upgrade=args.upgrade)
+    if args.check:
+        from toolbox import pylock
+        from toolbox.stack import load_stack
+
+        stack = load_stack(args.stack, args.overrides)
+        found = pylock.current(stack)
+        if found is None:
+            raise UserError(f"{pylock.lock_path(stack)}: not made from stack {stack.name}'s pins: run "
+                            f"`toolbox lock --stack {args.stack or stack.name}`")
+        print(f"{found}: current")
+        return 0
+    out = relock(args.stack, args.find_links, upgrade=args.upgrade, overrides=args.overrides)
     print(out)
     return 0
 
@@ -35,7 +49,10 @@ def run(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("lock", help="resolve a stack's whole Python set into its hashed lock (uv)")
     p.add_argument("--stack", metavar="NAME|PATH", default=None, help="shipped stack name or a YAML file (default gfx1151)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="lock this pin set instead (into your state folder, where `build --set` finds it)")
     p.add_argument("--find-links", type=Path, action="append", default=[], metavar="DIR",
                    help="folder of local wheels (default: PIP_FIND_LINKS), hashed from the files")
     p.add_argument("--upgrade", action="store_true", help="newest allowed versions of the unpinned dependencies")
+    p.add_argument("--check", action="store_true", help="resolve nothing: exit 2 unless the lock matches the pins")
     p.set_defaults(func=run)

@@ -12,12 +12,12 @@ from toolbox.components import Component, ContextFile
 
 
 def _parts(stack) -> tuple[str | None, str | None]:
-    """(torch part, whole lock) as far as each still holds for the stack's pins."""
-    p = pylock.torch_current(stack)
-    if p is None:
-        return None, None
-    torch_part, everything = pylock.split(p.read_text(encoding="utf-8"))
-    return torch_part, (everything if pylock.current(stack) else None)
+    """(torch part, whole lock) as far as each still holds for the stack's pins; no torch part
+    where AMD's index serves torch (first-use: not in the lock)."""
+    torch_lock, whole = pylock.torch_current(stack), pylock.current(stack)
+    torch_part = pylock.split(torch_lock.read_text(encoding="utf-8"))[0] if torch_lock else None
+    everything = pylock.split(whole.read_text(encoding="utf-8"))[1] if whole else None
+    return torch_part or None, everything
 
 
 def _pins(stack):
