@@ -231,7 +231,13 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
             cmd += ["--overrides", str(Path(tmp) / "first-use.txt")]
         cp = subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True)
     if cp.returncode != 0:
-        raise ToolError(f"uv pip compile failed for stack {stack.model.name}:\n{cp.stderr.strip()[-3000:]}")
+        lines = [line.strip() for line in cp.stderr.strip().splitlines()]
+        why = "; ".join(dict.fromkeys(lines[:3] + lines[-1:]))[:600]  # what failed, where, and why
+        hint = ""
+        if stack.model.torch.index_url and not local_torch and not first_use(stack):
+            hint = (f" (torch {stack.model.torch.torch} is looked up on {stack.model.torch.index_url}; where that is not "
+                    "reachable, --find-links DIR with its wheel)")
+        raise ToolError(f"uv pip compile failed for stack {stack.model.name}: {why}{hint}")
     body = cp.stdout.replace("# via -r -", "# via (stack)").replace("#   -r -", "#   (stack)")
     header = (f"# The whole Python set of the {stack.model.name} image, for {PLATFORM} / Python {py}.\n"
               f"# Written by `toolbox lock --stack {stack.model.name}` (uv pip compile --generate-hashes);\n"

@@ -37,8 +37,8 @@ def run(args) -> int:
         stack = load_stack(args.stack, args.overrides)
         found = pylock.current(stack)
         if found is None:
-            raise UserError(f"{pylock.lock_path(stack)}: not made from stack {stack.name}'s pins: run "
-                            f"`toolbox lock --stack {args.stack or stack.name}`")
+            cmd = " ".join(["toolbox lock --stack", args.stack or stack.name, *(f"--set {o}" for o in args.overrides)])
+            raise UserError(f"{pylock.lock_path(stack)}: not made from stack {stack.name}'s pins: run `{cmd}`")
         print(f"{found}: current")
         return 0
     out = relock(args.stack, args.find_links, upgrade=args.upgrade, overrides=args.overrides)
