@@ -79,6 +79,8 @@ def test_moved_pins_are_refused_or_built_unlocked_with_a_warning(tmp_path):
     cp = _cli(*build, "--unlocked", tmp_path=tmp_path)
     assert cp.returncode == 0, cp.stderr
     assert "cpu.pylock.txt was made for other pins (its torch part still holds and is used)" in cp.stderr
+    cp = _cli(*build, "--unlocked", "--frozen", tmp_path=tmp_path)
+    assert cp.returncode == 2 and "not with --frozen" in cp.stderr
     cp = _cli("lock", "--stack", "cpu", "--set", "hf.peft=0.18.1", "--check", tmp_path=tmp_path)
     assert cp.returncode == 2 and "not made from stack cpu's pins" in cp.stderr and "Traceback" not in cp.stderr
 

@@ -86,6 +86,8 @@ def run(args) -> int:
     stack = load_stack(args.stack, args.overrides)
     _check_inputs(args)
     # A stale Python lock: exit 2 before anything is fetched (its warnings come after pinning's lines).
+    if args.frozen and args.unlocked:
+        raise UserError("--unlocked builds without the Python lock's hashes: not with --frozen")
     lock_warning = pylock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
     engine = get_engine(args.engine)
     if not args.allow_unverified or args.frozen:
