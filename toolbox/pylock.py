@@ -82,7 +82,7 @@ def first_use(stack) -> list[str]:
 
 def requirements(stack) -> list[str]:
     """torch's (unless first-use), the HF stack's, PyPI Unsloth's and PyPI bitsandbytes' pins,
-    plus what the entrypoints declare."""
+    llama.cpp's converter's sentencepiece, plus what the entrypoints declare."""
     from toolbox.components import hf, torch
 
     pinned = ([] if first_use(stack) else torch.requirements(stack)) + hf.requirements(stack)
@@ -93,6 +93,9 @@ def requirements(stack) -> list[str]:
     b = stack.model.bitsandbytes
     if b is not None and stack.model.platform == "rocm" and b.source == "pypi":
         pinned.append(f"bitsandbytes=={b.version}")
+    lc = getattr(stack.model, "llama_cpp", None)
+    if lc is not None and lc.sentencepiece:
+        pinned.append(f"sentencepiece=={lc.sentencepiece}")  # llama.cpp's converter imports it
     names = {re.split(r"[\[=<>!~ ]", r, maxsplit=1)[0].lower() for r in pinned}
     extra = [d for d in _entrypoint_deps() if re.split(r"[\[=<>!~ ]", d, maxsplit=1)[0].lower() not in names]
     return sorted(pinned + extra)

@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "cuda" (lock 56a7fa4ea744).
+# Rendered by `toolbox render` from stack "cuda" (lock 19404be634fa).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -142,10 +142,10 @@ LABEL \
     io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="56a7fa4ea744" \
+    io.github.toolbox.lock-digest="19404be634fa" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="cuda" \
-    io.github.toolbox.python.lock.sha256="b614ab5c454f730e3fbb6f6f30abaced59dc79f8f74ebb959d42a4e8386d934d" \
+    io.github.toolbox.python.lock.sha256="99bfee53d9a1311babdfade550582049e22f0cd622f636e5956d468379b1fd56" \
     io.github.toolbox.python.lock.torch.sha256="0bc33c8566a5f1af1bd82a2bd512fa53a756b948f443a6e8a8ba9ad61864dccc" \
     io.github.toolbox.stack="cuda" \
     io.github.toolbox.torch.version="2.13.0" \
@@ -160,4 +160,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-cuda" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="56a7fa4ea744"
+    org.opencontainers.image.version="19404be634fa"

@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 2ab812dbf16f).
+# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 2eef12d1adb7).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -264,10 +264,10 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="2ab812dbf16f" \
+    io.github.toolbox.lock-digest="2eef12d1adb7" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
-    io.github.toolbox.python.lock.sha256="6e25663a4fd7117fce38c5fb2356b71387ac71b1a86cc55390c953f7f5ace66a" \
+    io.github.toolbox.python.lock.sha256="3c0a0e44505bf3f2a8a55c42c67f16958e8f8e2f50daf81e813d93dec6d2d362" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="0f191289ffadcebdb65391c5d9ddacccfbffae36" \
     io.github.toolbox.rccl.enable_smi="false" \
@@ -295,4 +295,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-early2026" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="2ab812dbf16f"
+    org.opencontainers.image.version="2eef12d1adb7"

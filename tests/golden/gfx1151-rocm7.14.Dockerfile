@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock cd95e5257ade).
+# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock 621608064458).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -253,10 +253,10 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="cd95e5257ade" \
+    io.github.toolbox.lock-digest="621608064458" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
-    io.github.toolbox.python.lock.sha256="8d7de22003ed753d9e6756abbaac700c964b3441b4395c0708c180a180df2046" \
+    io.github.toolbox.python.lock.sha256="9c044e72b542d5f079de63c8c614fc73d67d440422c02fb1224287e59b05837a" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="2b22ab0195cc1461cd9abf3b969e9dd7c10af350" \
     io.github.toolbox.rccl.enable_smi="true" \
@@ -285,4 +285,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm7.14" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="cd95e5257ade"
+    org.opencontainers.image.version="621608064458"

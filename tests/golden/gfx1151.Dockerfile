@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151" (lock 28b5bce4e7c4).
+# Rendered by `toolbox render` from stack "gfx1151" (lock 544f55be97b5).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -264,10 +264,10 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="28b5bce4e7c4" \
+    io.github.toolbox.lock-digest="544f55be97b5" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
-    io.github.toolbox.python.lock.sha256="f777d119e8ab72913035cf9fd153aa873e564993711b8d32f65c527f9fca5b29" \
+    io.github.toolbox.python.lock.sha256="d34108f63005d8e39a13c63ff2ad643406464a846c0f53fdca1372af7ddd78db" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="79e85e1468f96a867108043c953e9547c13b4c5e" \
     io.github.toolbox.rccl.enable_smi="false" \
@@ -295,4 +295,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="28b5bce4e7c4"
+    org.opencontainers.image.version="544f55be97b5"
