@@ -202,3 +202,26 @@ def test_build_bad_input(args, message):
     cp = toolbox("build", "--stack", "cpu", *args, "--dry-run")
     assert cp.returncode == 2, cp.stdout + cp.stderr
     assert message in cp.stderr
+
+
+def test_docker_buildkit_cli_is_found_or_the_error_says_why(tmp_path, monkeypatch):
+    """The real CLIs of this machine kind: Debian's 20.10 (BuildKit built in) qualifies; a CLI of
+    23+ without the buildx plugin does not, and the reason names it."""
+    from toolbox.engines.docker import _cli_version, find_buildkit_cli
+
+    monkeypatch.delenv("TOOLBOX_DOCKER_CLI", raising=False)
+    old = [d for d in ("/usr/bin", "/bin") if os.path.exists(f"{d}/docker") and (_cli_version(f"{d}/docker") or (99,)) < (23,)]
+    if not old:
+        pytest.skip("no docker CLI older than 23 here (docker.io of Debian bookworm has one)")
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "docker").write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'Docker version 28.2.2, build e6534b4' && exit 0\n"
+                                "echo \"docker: unknown command: docker $1\" >&2; exit 1\n")
+    (new / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{new}:{old[0]}")
+    assert find_buildkit_cli() == (f"{old[0]}/docker", "")  # the newer CLI first on PATH is passed over
+    monkeypatch.setenv("PATH", str(new))
+    cli, why = find_buildkit_cli()
+    assert cli is None and f"{new}/docker (28.2) has no buildx plugin" in why
+    monkeypatch.setenv("TOOLBOX_DOCKER_CLI", f"{old[0]}/docker")
+    assert find_buildkit_cli()[0] == f"{old[0]}/docker"
