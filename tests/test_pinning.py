@@ -183,6 +183,7 @@ def test_unreachable_host_is_one_network_line(tmp_path, user):
     assert cp.returncode != 0 and "Traceback" not in cp.stderr
     first = cp.stderr.strip().splitlines()[0]
     assert first.startswith("toolbox: error: network:") and "first use" in first
+    assert not pinning.cached_path("http://127.0.0.1:9/" + NAME).parent.exists()  # nothing left behind
 
 
 def test_base_digest_pinned_on_first_use(tmp_path, user):

@@ -121,6 +121,10 @@ def download(url: str, dest: Path, *, ca_bundle: Path | None = None) -> str:
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        try:
+            dest.parent.rmdir()  # a failed first download leaves no empty cache folder behind
+        except OSError:
+            pass
         raise
     return h.hexdigest()
 
