@@ -90,6 +90,14 @@ def _kill(pids) -> None:
 def _link(hosts, up: bool) -> None:
     b = hosts.nodes[1]
     nh.sh("ip", "-n", b.netns, "link", "set", b.ifname, "up" if up else "down")
+    if up:
+        # ARP entries failed while the link was down ("No route to host" until they expire).
+        for n in hosts.nodes:
+            nh.sh("ip", "-n", n.netns, "neigh", "flush", "dev", n.ifname, check=False)
+        deadline = time.monotonic() + 30
+        while hosts.ssh(b, "true").returncode != 0:
+            assert time.monotonic() < deadline, "node2 not reachable 30 s after the link came back"
+            time.sleep(0.5)
 
 
 def _slow_link(hosts, on: bool) -> str:
