@@ -29,7 +29,7 @@ MARK = re.compile(r"^<!--\s*readme-test:\s*not run:\s*(?P<why>\S.*?)\s*-->$")
 # Our console scripts, as `pip install -e .` makes them (the suite may run without that install).
 SCRIPTS = {"toolbox": "toolbox", "finetune": "toolbox_train.finetune", "launch": "toolbox_train.launch",
            "bench": "toolbox_train.bench", "rccl-check": "toolbox_train.rccl_check",
-           "export": "toolbox_train.export", "evaluate": "toolbox_train.evaluate"}
+           "export-model": "toolbox_train.export", "evaluate": "toolbox_train.evaluate"}
 
 
 @dataclass

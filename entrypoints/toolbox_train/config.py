@@ -74,7 +74,7 @@ class OutputCfg(_Strict):
     eval_steps: int | None = Field(None, gt=0)
     tensorboard: bool = False
     progress_bar: bool = True
-    export: list[str] = Field(default_factory=list, description="run `export` at the end: merged, gguf, "
+    export: list[str] = Field(default_factory=list, description="run `export-model` at the end: merged, gguf, "
                               "gguf:q8_0,q4_k_m, gguf:q4_k_m+ollama")
 
 

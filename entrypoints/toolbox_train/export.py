@@ -1,4 +1,4 @@
-"""`export --run RUN --to merged|gguf [--quant f16,q8_0,q4_k_m] [--ollama] [--out DIR] [--overwrite]`.
+"""`export-model --run RUN --to merged|gguf [--quant f16,q8_0,q4_k_m] [--ollama] [--out DIR] [--overwrite]`.
 
 merged: 16-bit safetensors + tokenizer + chat template. A LoRA adapter is merged into its base;
 a QLoRA adapter into the base's 16-bit weights (the base is loaded unquantized, never 4-bit).
@@ -27,8 +27,12 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STAGING_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}  # lossless into the GGUF type
 
 
+# Not `export`: that is a shell builtin, so a console script of that name never runs from a shell.
+PROG = "export-model"
+
+
 def say(msg: str) -> None:
-    print(f"export: {msg}", file=sys.stderr, flush=True)
+    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -199,7 +203,7 @@ def execute(job: Job) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="export", description="Export a finished finetune run: merged 16-bit "
+    ap = argparse.ArgumentParser(prog=PROG, description="Export a finished finetune run: merged 16-bit "
                                  "safetensors, or GGUF files for llama.cpp / Ollama / LM Studio.")
     ap.add_argument("--run", required=True, help="the finetune output folder")
     ap.add_argument("--to", required=True, choices=["merged", "gguf"])
@@ -230,16 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(sys.argv[1:] if argv is None else argv)
     except (UserError, ToolError) as exc:
-        print(f"export: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("export: interrupted (nothing written)", file=sys.stderr)
+        print(f"{PROG}: interrupted (nothing written)", file=sys.stderr)
         return 130
     if "--json" in (sys.argv[1:] if argv is None else argv):
         print(json.dumps(result))
     else:
         total = sum(f["bytes"] for f in result["files"])
-        print(f"export: done in {result['seconds']} s: {result['out']} ({human_size(total)})")
+        print(f"{PROG}: done in {result['seconds']} s: {result['out']} ({human_size(total)})")
     return 0
 
 

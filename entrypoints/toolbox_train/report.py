@@ -97,7 +97,7 @@ def human(s: dict) -> str:
         lines.append(f"  export       {e['out']} ({human_size(sum(f['bytes'] for f in e['files']))})")
     run = shlex.quote(s["output_dir"])
     if not s.get("exports"):
-        lines.append(f"  next         export --run {run} --to gguf --quant q8_0,q4_k_m")
+        lines.append(f"  next         export-model --run {run} --to gguf --quant q8_0,q4_k_m")
     lines.append(f"  then         evaluate --run {run}")
     return "\n".join(lines)
 
@@ -131,6 +131,6 @@ def run_exports(out: Path, specs: list[list[str]]) -> list[dict]:
 
     done = []
     for argv in specs:
-        print(f"finetune: output.export: export --run {out} {' '.join(argv)}", file=sys.stderr, flush=True)
+        print(f"finetune: output.export: export-model --run {out} {' '.join(argv)}", file=sys.stderr, flush=True)
         done.append(export.run(["--run", str(out), "--overwrite", *argv]))
     return done

@@ -54,7 +54,7 @@ def test_default_is_16_bit(lora_run, tmp_path, capsys):
     assert export.main(["--run", str(lora_run), "--to", "merged", "--out", str(out)]) == 0
     assert _dtypes(out) == {"BF16"}
     cap = capsys.readouterr()
-    assert "wrote model.safetensors (" in cap.err and "export: done in" in cap.out
+    assert "wrote model.safetensors (" in cap.err and "export-model: done in" in cap.out
 
 
 def test_qlora_run_merges_into_16_bit_base(lora_run, tmp_path, capsys):
