@@ -60,27 +60,3 @@ def guarded(prog: str, body: Callable[[], int | None], debug: bool) -> int:
             print(f"{prog}: internal error: {what} "
                   "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
-
-
-def end_rank(code: int) -> int:
-    """Return `code`, or, in a rank a launcher started (RANK and WORLD_SIZE set: torchrun,
-    accelerate launch, rccl-check's own spawner), exit with it at once.
-
-    A rank's work is done and its files are closed by now. What is left for the interpreter's
-    finalization is only harm: a gloo or c10d thread that still holds the last reference to some
-    Python object (a DDP reducer, a store) can be torn down with the interpreter half gone, which
-    ends the rank with "terminate called without an active exception" (SIGABRT) after a run that
-    had finished; the launcher then fails the whole job. Seen in CI on 2026-12-03 in 1 of ~40
-    2-rank runs even after destroy_process_group(). os._exit skips finalization: no atexit, no
-    C++ static destructors, only the flushes done here."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return code
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    import logging
-
-    logging.shutdown()
-    os._exit(code)

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import yaml
 
 from . import preflight, report
-from .entry import add_debug, debug_wanted, end_rank, guarded
+from .entry import add_debug, debug_wanted, guarded
 from .errors import UserError
 from .files import atomic_write
 from .plan import LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
         return 0
 
-    return end_rank(guarded("finetune", body, debug_wanted(argv)))
+    return guarded("finetune", body, debug_wanted(argv))
 
 
 def shutdown_distributed() -> None:

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .entry import add_debug, debug_wanted, end_rank, guarded
+from .entry import add_debug, debug_wanted, guarded
 from .errors import UserError
 from .files import atomic_write
 
@@ -351,7 +351,7 @@ def parse_nccl_tests(out: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    return end_rank(guarded("rccl-check", lambda: _run(argv), debug_wanted(argv)))
+    return guarded("rccl-check", lambda: _run(argv), debug_wanted(argv))
 
 
 def _run(argv: list[str]) -> int:
