@@ -27,7 +27,7 @@ from . import preflight, report
 from .entry import add_debug, debug_wanted, guarded
 from .errors import UserError
 from .files import atomic_write
-from .plan import LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
+from .plan import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
 
 
 def _trim_metrics(path: Path, upto: int) -> None:
@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             # `toolbox cluster launch` reads this: a node that exits non-zero after it lost nothing.
             print(f"finetune: node {os.environ.get('GROUP_RANK', '0')} finished: {summary.get('steps')} steps",
                   file=sys.stderr, flush=True)
+            if os.environ.get(FINISHED_ENV):
+                atomic_write(Path(os.environ[FINISHED_ENV]), json.dumps({"steps": summary.get("steps")}) + "\n")
         return 0
 
     return guarded("finetune", body, debug_wanted(argv))

@@ -23,7 +23,7 @@ from . import finetune, preflight, rdma
 from .entry import add_debug, debug_wanted, guarded
 from .errors import ToolError, UserError
 from .files import atomic_write
-from .plan import LAUNCH_DIR, plan
+from .plan import FINISHED, FINISHED_ENV, LAUNCH_DIR, plan
 from .sync import ENV as SYNC_ENV, parse_sync
 
 HERE = Path(__file__).resolve().parent
@@ -234,11 +234,21 @@ def _launch(argv: list[str]) -> int:
     sys.stderr.flush()
     if a.dry_run:
         return 0
-    env = {**os.environ, **r["env"]}
+    # finetune's first local rank writes this once every rank is past training, saving and
+    # leaving the process group; a rank that dies after that (gloo threads torn down in
+    # finalization: SIGABRT) lost nothing, as `toolbox cluster launch` also reports.
+    finished = r["launch_dir"] / f"{FINISHED}.node{a.node_rank}"
+    finished.unlink(missing_ok=True)
+    env = {**os.environ, **r["env"], FINISHED_ENV: str(finished)}
     try:
-        return subprocess.call(r["command"], env=env)
+        code = subprocess.call(r["command"], env=env)
     except KeyboardInterrupt:
         return 130
+    if code != 0 and finished.is_file():
+        print(f"launch: warning: a rank ended with exit code {code} after training had finished on every rank "
+              "and the summary was written (see above); nothing was lost", file=sys.stderr)
+        return 0
+    return code
 
 
 if __name__ == "__main__":

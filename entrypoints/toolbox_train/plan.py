@@ -22,6 +22,9 @@ from .sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 
 # Files `launch` writes into the output folder before finetune starts.
 LAUNCH_DIR = "launch"
+# A file `launch` names in this variable; finetune writes it when the node has finished.
+FINISHED_ENV = "TOOLBOX_FINISHED_FILE"
+FINISHED = "finished"
 
 
 def log(msg: str) -> None:

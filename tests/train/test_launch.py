@@ -170,3 +170,45 @@ def test_nodes_sharing_an_output_folder_keep_their_own_accelerate_config(tmp_pat
                             "finetune", "--config", str(cfg)]) == 0
     ranks = [ClusterConfig.from_yaml_file(str(out / "launch" / f"accelerate.node{r}.yaml")).machine_rank for r in (0, 1)]
     assert ranks == [0, 1]
+
+
+# Rank 1 aborts (SIGABRT, as gloo's threads torn down in finalization do) either at interpreter
+# exit, after everything was written, or when it saves its first checkpoint's RNG state: mid run.
+ABORT_HOOK = """
+import atexit, builtins, os, sys
+if os.environ.get("RANK") == "1" and "LOCAL_RANK" in os.environ:
+    if os.environ["ABORT_WHEN"] == "at exit":
+        atexit.register(os.abort)
+    else:
+        _import = builtins.__import__
+        def _patching_import(*a, **k):
+            mod = _import(*a, **k)
+            t = getattr(sys.modules.get("transformers.trainer"), "Trainer", None)
+            if t is not None and not getattr(t, "_abort_hooked", False):
+                t._abort_hooked = True
+                t._save_rng_state = lambda self, *a, **k: os.abort()
+            return mod
+        builtins.__import__ = _patching_import
+"""
+
+
+@pytest.mark.parametrize("when", ["at exit", "mid run"])
+def test_a_rank_aborting_after_the_run_finished_is_a_warning_not_a_failure(tmp_path, tiny_model, when):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(ABORT_HOOK)
+    out = tmp_path / "out"
+    cfg = _cfg(tmp_path, tiny_model, out, **{"train.max_steps": 4, "output.save_steps": 2})
+    env = {**_env(), "ABORT_WHEN": when}
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
+    r = subprocess.run([*_launch_cmd(), "--strategy", "ddp", "--nproc", "2", "--cpu", "--",
+                        "finetune", "--config", str(cfg)], capture_output=True, text=True, timeout=400, env=env)
+    if when == "at exit":
+        assert r.returncode == 0, r.stderr[-4000:]
+        assert "launch: warning: a rank ended with exit code" in r.stderr and "nothing was lost" in r.stderr
+        assert "SIGABRT" in r.stderr
+        assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    else:
+        assert r.returncode != 0 and "launch: warning" not in r.stderr, r.stderr[-4000:]
+        assert "SIGABRT" in r.stderr and (out / "checkpoints").is_dir(), r.stderr[-4000:]
+        assert not (out / "summary.json").exists()
