@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "cpu" (lock b9dcd4ff7c27).
+# Rendered by `toolbox render` from stack "cpu" (lock 6e300e2384fc).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -37,6 +37,52 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONDONTWRITEBYTECODE=1
 COPY scripts/profile.sh /etc/profile.d/toolbox-image.sh
 
+# ---- devel: compilers for the builder stages (never copied into the runtime) ----
+FROM base AS devel
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/os-install.sh debian \
+      build-essential \
+      ccache \
+      cmake \
+      git \
+      ninja-build \
+      patch \
+      python3-dev
+ENV CCACHE_DIR=/root/.ccache
+
+# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
+FROM devel AS llama_cpp-build
+# The llama-cpp-python 0.3.36 sdist vendors this llama.cpp tree (vendor/llama.cpp).
+# --no-binary for it alone: pip prepares the sdist's metadata, and with :all: it would build
+# every build dependency (hatchling, setuptools, ...) from source too.
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh download --no-deps --no-binary=llama-cpp-python -d /tmp/lcpp llama-cpp-python==0.3.36 \
+ && printf '%s  %s\n' 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e /tmp/lcpp/llama_cpp_python-0.3.36.tar.gz > /tmp/lcpp.sha256 \
+ && sha256sum -c /tmp/lcpp.sha256 \
+ && mkdir -p /src/llama.cpp \
+ && tar -xzf /tmp/lcpp/llama_cpp_python-0.3.36.tar.gz -C /src/llama.cpp --strip-components=3 \
+      --exclude=.git llama_cpp_python-0.3.36/vendor/llama.cpp \
+ && rm -rf /tmp/lcpp /tmp/lcpp.sha256
+RUN --mount=type=cache,target=/root/.ccache \
+    cmake -S /src/llama.cpp -B /build/llama.cpp -GNinja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_SHARED_LIBS=OFF \
+      -DGGML_NATIVE=OFF \
+      -DGGML_CCACHE=ON \
+      -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_APP=OFF \
+      -DLLAMA_OPENSSL=OFF \
+      -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_BUILD_UI=OFF \
+ && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server \
+ && mkdir -p /opt/llama.cpp/bin \
+ && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
+ && cp -r /src/llama.cpp/convert_hf_to_gguf.py /src/llama.cpp/conversion /src/llama.cpp/gguf-py /opt/llama.cpp/ \
+ && echo "llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu, llama-cpp-python 0.3.36 sdist)" > /opt/llama.cpp/VERSION
+
 # ---- runtime: only the builder stages' results; no compilers, no sources ----
 FROM base AS runtime
 
@@ -57,6 +103,20 @@ RUN --mount=type=secret,id=ca \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt
 
+# llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu): programs on PATH (with the OpenMP runtime they link),
+# the converter with its own gguf-py (and sentencepiece, which it imports for every Llama model)
+COPY --from=llama_cpp-build /opt/llama.cpp/ /opt/llama.cpp/
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/os-install.sh debian libgomp1
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install sentencepiece==0.2.3 \
+ && ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
+ && llama-cli --version \
+ && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
+ENV LLAMA_CPP_DIR=/opt/llama.cpp
+
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
 # then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
@@ -73,11 +133,17 @@ LABEL \
     io.github.toolbox.accelerate.version="1.15.0" \
     io.github.toolbox.base.image="docker.io/library/debian:bookworm-slim" \
     io.github.toolbox.datasets.version="4.8.4" \
-    io.github.toolbox.lock-digest="b9dcd4ff7c27" \
+    io.github.toolbox.llama_cpp.backend="cpu" \
+    io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
+    io.github.toolbox.llama_cpp.sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e" \
+    io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
+    io.github.toolbox.llama_cpp.source="pypi" \
+    io.github.toolbox.llama_cpp.version="0.3.36" \
+    io.github.toolbox.lock-digest="6e300e2384fc" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="cpu" \
-    io.github.toolbox.python.lock.sha256="d44c47401a0306520b20bdf410661a920c67d731d8266473e4bae0b34761ea65" \
-    io.github.toolbox.python.lock.torch.sha256="c05c6f1f8b39ee8a11998189d9115ca8d8f6fe4dcb98e439681dacd5a988c505" \
+    io.github.toolbox.python.lock.sha256="caa609cfcec4cc5f13adb0db5df280c74350e0185f1a3bd886da1b0c00f1fb2a" \
+    io.github.toolbox.python.lock.torch.sha256="a1a173e86de5c75263b6679ca0a69bc0d037aaad0503287ef3bc5bce16d562f9" \
     io.github.toolbox.stack="cpu" \
     io.github.toolbox.torch.index_url="https://download.pytorch.org/whl/cpu" \
     io.github.toolbox.torch.version="2.13.0+cpu" \
@@ -89,4 +155,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-cpu" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="b9dcd4ff7c27"
+    org.opencontainers.image.version="6e300e2384fc"

@@ -228,9 +228,11 @@ RUN --mount=type=secret,id=ca \
       torchvision==0.25.0+rocm7.12.0a20260227 \
       torchaudio==2.10.0+rocm7.12.0a20260227
 
-# llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): programs on PATH, the converter with its own gguf-py
-# (and sentencepiece, which it imports for every Llama model)
+# llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): programs on PATH (with the OpenMP runtime they link),
+# the converter with its own gguf-py (and sentencepiece, which it imports for every Llama model)
 COPY --from=llama_cpp-build /opt/llama.cpp/ /opt/llama.cpp/
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/os-install.sh fedora libgomp
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \

@@ -38,8 +38,14 @@ def cmake_flags(stack) -> list[str]:
     return flags
 
 
+# ggml's CPU backend is built with OpenMP (its default): the programs link GCC's libgomp, which
+# slim base images lack ("libgomp.so.1: cannot open shared object file", seen in the cpu image).
+RUNTIME_PACKAGES = {"debian": ["libgomp1"], "fedora": ["libgomp"]}
+
+
 def _variables(stack, lock):
-    return {"llama_cpp_flags": cmake_flags(stack), "llama_cpp_targets": list(TARGETS)}
+    return {"llama_cpp_flags": cmake_flags(stack), "llama_cpp_targets": list(TARGETS),
+            "llama_cpp_packages": RUNTIME_PACKAGES[stack.base.family]}
 
 
 COMPONENT = Component(
