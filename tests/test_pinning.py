@@ -94,10 +94,24 @@ def user(tmp_path, monkeypatch):
     return env
 
 
-def stack_file(tmp_path: Path, url: str, **extra: str) -> Path:
+TORCH_PINS = {"torch": "2.11.0+rocm7.13.0", "torchvision": "0.26.0+rocm7.13.0", "torchaudio": "2.11.0+rocm7.13.0"}
+
+
+def wheel_name(name: str, version: str, py: str = "cp312") -> str:
+    return f"{name}-{version}-{py}-{py}-linux_x86_64.whl"
+
+
+def stack_file(tmp_path: Path, url: str, torch_index: str | None = None, **extra: str) -> Path:
+    """gfx1151 with the tarball at `url`; torch's wheels from `torch_index`, or, without one,
+    already pinned (so that these tests reach no AMD index)."""
     p = tmp_path / "mine.yaml"
     lines = ["extends: gfx1151", "name: mine", "base:", f"  digest: sha256:{'b' * 64}",
-             "rocm:", "  tarball:", f"    url: {url}"]
+             "rocm:", "  tarball:", f"    url: {url}", "torch:"]
+    if torch_index:
+        lines += [f"  index_url: {torch_index}"]
+    else:
+        lines += ["  wheels:"] + [f"    {n}: https://repo.amd.com/rocm/whl/gfx1151/{wheel_name(n, v).replace('+', '%2B')}"
+                                  f"#sha256={'e' * 64}" for n, v in TORCH_PINS.items()]
     lines += [f"{k}: {v}" for k, v in extra.items()]
     p.write_text("\n".join(lines) + "\n")
     return p

@@ -193,6 +193,58 @@ def pin_tarball(url: str, *, rccl_commit: str | None, lock: PinLock, frozen: boo
     return got
 
 
+def _fetch_text(url: str, ca_bundle: Path | None) -> str:
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else None
+    try:
+        with urllib.request.urlopen(url, timeout=60, context=ctx) as resp:
+            return resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        raise ToolError(f"network: cannot read {url} to pin its wheel on first use: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ToolError(f"network: cannot read {url} to pin its wheel on first use: {getattr(exc, 'reason', exc)} "
+                        "(with a TLS proxy pass --ca-bundle FILE; or pin it yourself: "
+                        "--set torch.wheels.NAME='<wheel URL>#sha256=<64 hex>')") from None
+
+
+def pin_wheel(index_url: str, name: str, version: str, python: str, *, lock: PinLock, frozen: bool,
+              ca_bundle: Path | None = None) -> str:
+    """'<wheel URL>#sha256=<hex>' of name==version for CPython `python` (3.12) on Linux x86_64 from
+    the index: from the pin lock, else found on the index page now (the page's own #sha256= where
+    it gives one, else the wheel downloaded once into the cache and hashed) and recorded."""
+    from packaging.version import Version
+
+    from toolbox import wheel_index
+
+    key = f"{index_url} {name}=={version} cp{python.replace('.', '')}"
+    entry = lock.data.setdefault("wheels", {}).get(key)
+    if entry is not None:
+        return f"{entry['url']}#sha256={entry['sha256']}"
+    if frozen:
+        raise UserError(f"--frozen: {name}=={version} from {index_url} is not in the pin lock {lock.path}; "
+                        f"build once without --frozen, or --set torch.wheels.{name}='<wheel URL>#sha256=<64 hex>'")
+    page = wheel_index.project_url(index_url, name)
+    interp = f"cp{python.replace('.', '')}"
+    found = sorted((w for w in wheel_index.parse_page(_fetch_text(page, ca_bundle), page)
+                    if w.version == Version(version) and interp in w.interpreters and w.runs_on_linux_x86_64()),
+                   key=lambda w: w.filename)
+    if not found:
+        raise UserError(f"{page}: no {name} {version} wheel for {interp} on Linux x86_64; "
+                        f"check torch.{name} and torch.index_url (`toolbox bump torch` lists what is there)")
+    wheel = found[0]
+    how = "the index's own sha256"
+    sha = wheel.sha256
+    if sha is None:
+        sha = download(wheel.url, cached_path(wheel.url), ca_bundle=ca_bundle)
+        how = "downloaded once and hashed"
+    lock.data["wheels"][key] = {"url": wheel.url, "sha256": sha, "locked": _now()}
+    lock.save()
+    _loud(f"{wheel.filename} sha256 {sha} ({how}; recorded in {lock.path}, later builds install "
+          "exactly these bytes: pip checks the hash)")
+    return f"{wheel.url}#sha256={sha}"
+
+
 Probe = Callable[[str], str]
 
 
@@ -236,7 +288,8 @@ def pin_image(ref: str, *, lock: PinLock, frozen: bool, probe: Probe) -> str:
 def first_use_overrides(stack, *, frozen: bool = False, engine: str = "podman",
                         ca_bundle: Path | None = None, lock: PinLock | None = None,
                         probe: Probe | None = None) -> list[str]:
-    """`--set` overrides pinning the stack's unverified tarball and base digest (fetching on first use)."""
+    """`--set` overrides pinning the stack's unverified tarball, AMD-index wheels and base digest
+    (fetching on first use)."""
     lock = lock or PinLock()
     out: list[str] = []
     rocm = getattr(stack, "rocm", None)
@@ -245,6 +298,18 @@ def first_use_overrides(stack, *, frozen: bool = False, engine: str = "podman",
         sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), lock=lock,
                           frozen=frozen, ca_bundle=ca_bundle)
         out += [f"rocm.tarball.sha256={sha}", "rocm.tarball.unverified=false"]
+    torch = getattr(stack, "torch", None)
+    if torch is not None and stack.platform == "rocm" and torch.index_url:
+        # AMD's wheel index: only the user's network reaches it, so its wheels are not in the
+        # checked-in Python lock (toolbox.pylock's first-use list); pinned here instead.
+        from toolbox.pylock import python_version
+
+        for name in ("torch", "torchvision", "torchaudio"):
+            version = getattr(torch, name)
+            if version is not None and name not in torch.wheels:
+                ref = pin_wheel(torch.index_url, name, version, python_version(stack), lock=lock,
+                                frozen=frozen, ca_bundle=ca_bundle)
+                out.append(f"torch.wheels.{name}={ref}")
     base = stack.base
     if base.digest is None and base.unverified:
         digest = pin_image(base.image, lock=lock, frozen=frozen, probe=probe or engine_digest(engine))

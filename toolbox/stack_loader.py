@@ -80,6 +80,9 @@ def _merge(base: dict, over: dict) -> dict:
 FOLLOWS: list[tuple[tuple, tuple, dict[tuple, Any]]] = [
     (("gpu_targets",), ("rccl", "gpu_targets"), {}),
     (("rocm", "tarball", "url"), ("rocm", "tarball", "sha256"), {("rocm", "tarball", "unverified"): True}),
+    # a first-use wheel pin is of one version from one index
+    (("torch", "index_url"), ("torch", "wheels"), {}),
+    *((("torch", n), ("torch", "wheels", n), {}) for n in ("torch", "torchvision", "torchaudio")),
 ]
 _ABSENT = object()
 

@@ -1,7 +1,8 @@
 """The stack schema: pydantic models that forbid unknown keys, one description per field.
 
-Validation only: reading the YAML (lines, `extends:`, `--set`) is toolbox.stack_loader, and what
-is derived from a valid stack (patch files, pins, lock) is toolbox.stack and toolbox.lock.
+Validation only (the checks of single values are toolbox.stack_values): reading the YAML
+(lines, `extends:`, `--set`) is toolbox.stack_loader, and what is derived from a valid stack
+(patch files, pins, lock) is toolbox.stack and toolbox.lock.
 `python -c 'import json, toolbox.stack_model as m; print(json.dumps(m.StackModel.model_json_schema()))'`
 prints the schema with these descriptions.
 """
@@ -9,74 +10,15 @@ prints the schema with these descriptions.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-# An exact version: starts with a digit, no range operators, no wildcards.
-VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
-# ROCm targets this project knows how to build for; a typo like gfx1115 must not reach cmake,
-# where an unknown or empty GPU_TARGETS silently falls back to gfx906.
-KNOWN_GPU_TARGETS = frozenset(
-    {
-        "gfx906", "gfx908", "gfx90a", "gfx942", "gfx950",
-        "gfx1030", "gfx1100", "gfx1101", "gfx1102", "gfx1103",
-        "gfx1150", "gfx1151", "gfx1152", "gfx1200", "gfx1201",
-    }
+from toolbox.stack_values import (  # noqa: F401  (the patterns: re-exported)
+    COMMIT_RE, DIGEST_RE, FLOATING_WORDS, KNOWN_GPU_TARGETS, SHA256_RE, VERSION_RE, FieldError,
+    check_commit as _commit, check_sha256 as _sha256, check_targets as _targets, check_url as _url,
+    check_version as _version, check_wheel_ref, covers as _covers, pinned_is_verified as _pinned_is_verified,
 )
-FLOATING_WORDS = {"latest", "main", "master", "head", "nightly", "stable", "develop", "dev"}
-
-
-class FieldError(ValueError):
-    """A model-level check about one field: errors are reported at that field's line, not the top."""
-
-    def __init__(self, field: tuple, message: str):
-        super().__init__(message)
-        self.field = field
-
-
-def _commit(value: str) -> str:
-    if not isinstance(value, str) or not COMMIT_RE.match(value):
-        hint = " (a branch, tag or 'latest' is not a pin; `toolbox bump` resolves one)"
-        raise ValueError(f"must be a full 40-hex commit, got {value!r}{hint}")
-    return value
-
-
-def _version(value: Any) -> str:
-    if isinstance(value, (int, float)):
-        raise ValueError(f"write the version as a quoted string, got {value!r}")
-    if not isinstance(value, str) or value.lower() in FLOATING_WORDS or not VERSION_RE.match(value):
-        raise ValueError(f"must be an exact version like 1.2.3, got {value!r} (no ranges, no 'latest')")
-    return value
-
-
-def _sha256(value: str | None) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not SHA256_RE.match(value):
-        raise ValueError(f"must be 64 lowercase hex characters (a sha256), got {value!r}")
-    return value
-
-
-def _url(value: str) -> str:
-    if not isinstance(value, str) or not re.match(r"^(https?|file)://\S+$", value):
-        raise ValueError(f"must be an http(s) or file URL, got {value!r}")
-    return value
-
-
-def _pinned_is_verified(key: str):
-    """A before-validator: a block whose hash `key` is set (in a stack file or by --set) counts as
-    verified, whatever `unverified:` an extended stack said (issue 12: `--set ...sha256=` alone)."""
-
-    def check(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get(key) is not None and data.get("unverified"):
-            data = {**data, "unverified": False}
-        return data
-
-    return model_validator(mode="before")(classmethod(check))
 
 
 class Model(BaseModel):
@@ -162,24 +104,6 @@ class Rocm(Model):
         return self
 
 
-_GFX = re.compile(r"gfx[0-9a-zA-Z]+")
-
-
-def _covers(url: str, targets: list[str]) -> bool:
-    """Whether a URL that names GPU targets (gfx1151, or a family like gfx110X) names each of
-    targets; a URL naming none (a mirror, PyTorch's index) is not judged."""
-    names = _GFX.findall(url)
-    return not names or all(any(t == n or (n[-1] in "xX" and t.startswith(n[:-1])) for n in names)
-                            for t in targets)
-
-
-def _targets(v: list[str]) -> list[str]:
-    for t in v:
-        if t not in KNOWN_GPU_TARGETS:
-            raise ValueError(f"unknown GPU target {t!r}; known: {', '.join(sorted(KNOWN_GPU_TARGETS))}")
-    return sorted(set(v))
-
-
 class Rccl(Model):
     repo: str = Field(description='git URL of the repository holding RCCL (ROCm/rocm-systems)')
     # None only while unverified: the build then cannot fetch RCCL at all.
@@ -218,10 +142,20 @@ class Torch(Model):
                              "torch and torchvision are installed with a [device-<target>] extra per gpu_target, which "
                              "adds amd-torch-device-<target> and rocm-sdk-device-<target> (the GPU code)")
     unverified: bool = Field(False, description='true while these versions are not verified against the index')
+    wheels: dict[str, str] = Field(default_factory=dict, description="wheel files of index_url pinned on first use "
+                                   "(`toolbox build` records them in the user's pin lock): package -> "
+                                   "'<wheel URL>#sha256=<64 hex>'; installed by that URL, and pip checks the hash")
     _v = field_validator("torch", "torchvision", "torchaudio")(
         classmethod(lambda cls, v: None if v is None else _version(v))
     )
     _u = field_validator("index_url")(classmethod(lambda cls, v: None if v is None else _url(v)))
+
+    @model_validator(mode="after")
+    def _wheels(self) -> "Torch":
+        for name, ref in self.wheels.items():
+            pinned = getattr(self, name, None) if name in ("torch", "torchvision", "torchaudio") else None
+            check_wheel_ref(name, ref, pinned)
+        return self
 
 
 class Bitsandbytes(Model):

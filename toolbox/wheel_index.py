@@ -20,6 +20,8 @@ class Wheel:
     version: Version
     interpreters: frozenset[str]  # cp312, py3, ...
     platforms: frozenset[str]  # manylinux_2_28_x86_64, linux_x86_64, win_amd64, ...
+    url: str = ""  # the link, resolved against the page's URL, without its fragment
+    sha256: str | None = None  # the link's #sha256= fragment, where the index gives one (PEP 503)
 
     def runs_on_linux_x86_64(self) -> bool:
         return any(p == "any" or (p.endswith("_x86_64") and "linux" in p) for p in self.platforms)
@@ -42,12 +44,14 @@ def project_url(index_url: str, project: str) -> str:
     return urllib.parse.urljoin(base, canonicalize_name(project) + "/")
 
 
-def parse_page(html: str) -> list[Wheel]:
+def parse_page(html: str, page_url: str = "") -> list[Wheel]:
     """The wheel files linked from a project page (other links are skipped)."""
     parser = _Links()
     parser.feed(html)
     out = []
     for href in parser.hrefs:
+        link, _, fragment = urllib.parse.urljoin(page_url, href).partition("#")
+        sha = fragment[len("sha256="):].lower() if fragment.startswith("sha256=") else None
         name = urllib.parse.unquote(urllib.parse.urlsplit(href).path.rsplit("/", 1)[-1])
         if not name.endswith(".whl"):
             continue
@@ -55,7 +59,8 @@ def parse_page(html: str) -> list[Wheel]:
             _, version, _, tags = parse_wheel_filename(name)
         except InvalidWheelFilename:
             continue
-        out.append(Wheel(name, version, frozenset(t.interpreter for t in tags), frozenset(t.platform for t in tags)))
+        out.append(Wheel(name, version, frozenset(t.interpreter for t in tags), frozenset(t.platform for t in tags),
+                         link, sha))
     return out
 
 

@@ -25,6 +25,17 @@ def requirements(stack) -> list[str]:
     return reqs
 
 
+def install_requirements(stack) -> list[str]:
+    """What pip installs: requirements() where a wheel is pinned by URL and sha256 (first use),
+    `name[extra] @ URL#sha256=...`, whose hash pip checks."""
+    out = []
+    for req in requirements(stack):
+        name = req.split("[", 1)[0].split("==", 1)[0]
+        ref = stack.torch.wheels.get(name)
+        out.append(f"{req.split('==', 1)[0]} @ {ref}" if ref else req)
+    return out
+
+
 def _pins(stack):
     t = stack.torch
     pins = {"torch.version": t.torch}
@@ -36,9 +47,14 @@ def _pins(stack):
         pins["torch.index_url"] = t.index_url
     if t.multi_arch:
         pins["torch.device_extra"] = device_extra(stack)
+    for name, ref in sorted(t.wheels.items()):
+        pins[f"{name}.wheel_sha256"] = ref.rsplit("#sha256=", 1)[1]
     return pins
 
 
 COMPONENT = Component("torch", applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
                       # Quoted for the RUN shell: a [device-...] extra is a glob pattern there.
-                      variables=lambda s, lock: {"torch_reqs": [shlex.quote(r) for r in requirements(s)]})
+                      # torch_reqs: what later pip steps repeat to keep torch as it is (versions: already
+                      # satisfied); torch_install_reqs: what the torch step installs (pinned wheel URLs).
+                      variables=lambda s, lock: {"torch_reqs": [shlex.quote(r) for r in requirements(s)],
+                                                 "torch_install_reqs": [shlex.quote(r) for r in install_requirements(s)]})

@@ -1,0 +1,112 @@
+"""Checks of single stack values (commits, versions, hashes, URLs, GPU targets, pinned wheels),
+used by the stack schema in toolbox.stack_model; each raises ValueError (or FieldError) with the
+message the user sees next to the field's line."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import unquote
+
+from pydantic import model_validator
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# An exact version: starts with a digit, no range operators, no wildcards.
+VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
+# ROCm targets this project knows how to build for; a typo like gfx1115 must not reach cmake,
+# where an unknown or empty GPU_TARGETS silently falls back to gfx906.
+KNOWN_GPU_TARGETS = frozenset(
+    {
+        "gfx906", "gfx908", "gfx90a", "gfx942", "gfx950",
+        "gfx1030", "gfx1100", "gfx1101", "gfx1102", "gfx1103",
+        "gfx1150", "gfx1151", "gfx1152", "gfx1200", "gfx1201",
+    }
+)
+FLOATING_WORDS = {"latest", "main", "master", "head", "nightly", "stable", "develop", "dev"}
+
+
+class FieldError(ValueError):
+    """A model-level check about one field: errors are reported at that field's line, not the top."""
+
+    def __init__(self, field: tuple, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def check_commit(value: str) -> str:
+    if not isinstance(value, str) or not COMMIT_RE.match(value):
+        hint = " (a branch, tag or 'latest' is not a pin; `toolbox bump` resolves one)"
+        raise ValueError(f"must be a full 40-hex commit, got {value!r}{hint}")
+    return value
+
+
+def check_version(value: Any) -> str:
+    if isinstance(value, (int, float)):
+        raise ValueError(f"write the version as a quoted string, got {value!r}")
+    if not isinstance(value, str) or value.lower() in FLOATING_WORDS or not VERSION_RE.match(value):
+        raise ValueError(f"must be an exact version like 1.2.3, got {value!r} (no ranges, no 'latest')")
+    return value
+
+
+def check_sha256(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not SHA256_RE.match(value):
+        raise ValueError(f"must be 64 lowercase hex characters (a sha256), got {value!r}")
+    return value
+
+
+def check_url(value: str) -> str:
+    if not isinstance(value, str) or not re.match(r"^(https?|file)://\S+$", value):
+        raise ValueError(f"must be an http(s) or file URL, got {value!r}")
+    return value
+
+
+def pinned_is_verified(key: str):
+    """A before-validator: a block whose hash `key` is set (in a stack file or by --set) counts as
+    verified, whatever `unverified:` an extended stack said (issue 12: `--set ...sha256=` alone)."""
+
+    def check(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get(key) is not None and data.get("unverified"):
+            data = {**data, "unverified": False}
+        return data
+
+    return model_validator(mode="before")(classmethod(check))
+
+
+_GFX = re.compile(r"gfx[0-9a-zA-Z]+")
+
+
+def covers(url: str, targets: list[str]) -> bool:
+    """Whether a URL that names GPU targets (gfx1151, or a family like gfx110X) names each of
+    targets; a URL naming none (a mirror, PyTorch's index) is not judged."""
+    names = _GFX.findall(url)
+    return not names or all(any(t == n or (n[-1] in "xX" and t.startswith(n[:-1])) for n in names)
+                            for t in targets)
+
+
+def check_targets(v: list[str]) -> list[str]:
+    for t in v:
+        if t not in KNOWN_GPU_TARGETS:
+            raise ValueError(f"unknown GPU target {t!r}; known: {', '.join(sorted(KNOWN_GPU_TARGETS))}")
+    return sorted(set(v))
+
+
+
+def check_wheel_ref(name: str, ref: str, pinned: str | None) -> None:
+    """`torch.wheels.<name>`: '<wheel URL>#sha256=<64 hex>' of a package the block pins, at its version."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    if pinned is None:
+        raise FieldError(("wheels", name), "names no package this block pins (torch, torchvision, torchaudio)")
+    m = re.fullmatch(r"((?:https?|file)://\S+/([^/#\s]+\.whl))#sha256=([0-9a-f]{64})", str(ref))
+    if not m:
+        raise FieldError(("wheels", name), f"expected '<wheel URL>#sha256=<64 hex>', got {ref!r}")
+    try:
+        version = parse_wheel_filename(unquote(m.group(2)))[1]
+    except InvalidWheelFilename as exc:
+        raise FieldError(("wheels", name), f"not a wheel file name: {exc}") from None
+    if str(version) != pinned:
+        raise FieldError(("wheels", name), f"the wheel is version {version}, but torch.{name} pins {pinned}")
