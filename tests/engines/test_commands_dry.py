@@ -225,3 +225,26 @@ def test_docker_buildkit_cli_is_found_or_the_error_says_why(tmp_path, monkeypatc
     assert cli is None and f"{new}/docker (28.2) has no buildx plugin" in why
     monkeypatch.setenv("TOOLBOX_DOCKER_CLI", f"{old[0]}/docker")
     assert find_buildkit_cli()[0] == f"{old[0]}/docker"
+
+
+@pytest.mark.parametrize("engine", ["podman", "buildkit", "docker"])
+def test_a_failed_build_names_the_failing_step_not_the_last_printed(engine):
+    """Stages build in parallel: the step printed last can be another stage's (CI's cpu build
+    named the llama.cpp builder's apt step while pip had failed in the runtime stage)."""
+    from toolbox.engines import failed_step
+
+    log = {
+        "podman": ["[4/4] STEP 4/12: RUN --mount=type=cache,target=/root/.cache/pip     pip.sh install       peft==99.0.0",
+                   "ERROR: No matching distribution found for peft==99.0.0",
+                   "[2/4] STEP 1/3: FROM f9a7 AS devel", "[2/4] STEP 2/3: RUN os-install.sh debian cmake",
+                   'Error: building at STEP "RUN --mount=type=cache,target=/root/.cache/pip pip.sh install       '
+                   'peft==99.0.0": while running runtime: exit status 1'],
+        "buildkit": ["#14 [runtime 4/12] RUN pip.sh install peft==99.0.0", "#15 [devel 2/3] RUN os-install.sh cmake",
+                     "#14 0.9 ERROR: No matching distribution found for peft==99.0.0", "#15 1.2 Setting up cmake",
+                     '#14 ERROR: process "/bin/sh -c pip.sh install peft==99.0.0" did not complete successfully',
+                     "ERROR: failed to solve: process did not complete successfully: exit code: 1"],
+        "docker": ["Step 3/5 : RUN apt-get update", "Step 4/5 : RUN pip install peft==99.0.0",
+                   "ERROR: No matching distribution found for peft==99.0.0"],
+    }[engine]
+    step = failed_step(log)
+    assert step is not None and "peft==99.0.0" in step and step.split()[0] in ("[4/4]", "#14", "Step"), step

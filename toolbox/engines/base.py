@@ -25,6 +25,8 @@ LineSink = Callable[[str], None]
 # BuildKit "#12 [runtime 3/7] RUN ..."
 _STEP_RE = re.compile(r"^(\[\d+/\d+\] )?(STEP|Step) \d+/\d+ ?:")
 _BUILDKIT_STEP_RE = re.compile(r"^#\d+ \[[\w.-]+ +\d+/\d+\] ")
+_PODMAN_ERROR_RE = re.compile(r'^Error: building at STEP "(.*)": ')
+_BUILDKIT_ERROR_RE = re.compile(r"^(#\d+) ERROR\b")
 
 
 class Engine(ABC):
@@ -139,13 +141,25 @@ def iid_tempdir():
 
 
 def failed_step(log: list[str]) -> str | None:
-    """The last step line: 'STEP n/m: ...' (podman/buildah), 'Step n/m : ...' (Docker),
-    '#N [stage n/m] ...' (BuildKit)."""
-    for line in reversed(log):
-        s = line.strip()
-        if _STEP_RE.match(s) or _BUILDKIT_STEP_RE.match(s):
-            return s if len(s) <= 240 else s[:237] + "..."
-    return None
+    """The step that failed: 'STEP n/m: ...' (podman/buildah), 'Step n/m : ...' (Docker),
+    '#N [stage n/m] ...' (BuildKit). Stages build in parallel, so the last step line printed may
+    be another stage's: the engine's own error line names the failing one where it has one
+    (podman `Error: building at STEP "..."`, BuildKit `#N ERROR: ...`); else the last step line."""
+    lines = [line.strip() for line in log]
+    steps = [s for s in lines if _STEP_RE.match(s) or _BUILDKIT_STEP_RE.match(s)]
+    pick = None
+    for s in reversed(lines):
+        m = _PODMAN_ERROR_RE.match(s)
+        if m:
+            want = " ".join(m.group(1).split())
+            pick = next((t for t in reversed(steps) if " ".join(_STEP_RE.sub("", t).split()) == want), None)
+            break
+        m = _BUILDKIT_ERROR_RE.match(s)
+        if m:
+            pick = next((t for t in steps if t.startswith(m.group(1) + " [")), None)
+            break
+    pick = " ".join((pick or (steps[-1] if steps else "")).split())  # RUN's continuation indents
+    return None if not pick else pick if len(pick) <= 240 else pick[:237] + "..."
 
 
 def build_failure(engine: str, log: list[str], detail: str) -> ToolError:
