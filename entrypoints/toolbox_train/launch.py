@@ -236,7 +236,9 @@ def _launch(argv: list[str]) -> int:
         return 0
     # finetune's first local rank writes this once every rank is past training, saving and
     # leaving the process group; a rank that dies after that (gloo threads torn down in
-    # finalization: SIGABRT) lost nothing, as `toolbox cluster launch` also reports.
+    # finalization: SIGABRT) lost nothing. One node only: with several, the other nodes' agents
+    # wait in torchrun's exit barrier (5 min) for this one, and it is `toolbox cluster launch`
+    # that sees the non-zero exit after "finished", reports the same and stops them.
     finished = r["launch_dir"] / f"{FINISHED}.node{a.node_rank}"
     finished.unlink(missing_ok=True)
     env = {**os.environ, **r["env"], FINISHED_ENV: str(finished)}
@@ -244,7 +246,7 @@ def _launch(argv: list[str]) -> int:
         code = subprocess.call(r["command"], env=env)
     except KeyboardInterrupt:
         return 130
-    if code != 0 and finished.is_file():
+    if code != 0 and a.nnodes == 1 and finished.is_file():
         print(f"launch: warning: a rank ended with exit code {code} after training had finished on every rank "
               "and the summary was written (see above); nothing was lost", file=sys.stderr)
         return 0
