@@ -18,6 +18,7 @@ from toolbox.stack_values import (  # noqa: F401  (the patterns: re-exported)
     COMMIT_RE, DIGEST_RE, FLOATING_WORDS, KNOWN_GPU_TARGETS, SHA256_RE, VERSION_RE, FieldError,
     check_commit as _commit, check_sha256 as _sha256, check_targets as _targets, check_url as _url,
     check_version as _version, check_wheel_ref, covers as _covers, pinned_is_verified as _pinned_is_verified,
+    GFX_RE as _GFX,
 )
 
 

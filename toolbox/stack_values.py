@@ -76,13 +76,13 @@ def pinned_is_verified(key: str):
     return model_validator(mode="before")(classmethod(check))
 
 
-_GFX = re.compile(r"gfx[0-9a-zA-Z]+")
+GFX_RE = re.compile(r"gfx[0-9a-zA-Z]+")
 
 
 def covers(url: str, targets: list[str]) -> bool:
     """Whether a URL that names GPU targets (gfx1151, or a family like gfx110X) names each of
     targets; a URL naming none (a mirror, PyTorch's index) is not judged."""
-    names = _GFX.findall(url)
+    names = GFX_RE.findall(url)
     return not names or all(any(t == n or (n[-1] in "xX" and t.startswith(n[:-1])) for n in names)
                             for t in targets)
 
