@@ -272,8 +272,11 @@ class DockerEngine(ImageEngine):
         except APIError as exc:
             raise ToolError(f"cannot create the container: {exc.explanation or exc}") from exc
         try:
+            # Attached before it starts, as `docker run` does: following the logs of a container
+            # that may already have exited hung in podman's API (CI: 600 s read timeout).
+            output = container.attach(stdout=True, stderr=True, stream=True, logs=True)
             container.start()
-            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+            for chunk in output:
                 sys.stdout.write(chunk.decode(errors="replace"))
                 sys.stdout.flush()
             return int(container.wait().get("StatusCode", 1))
