@@ -54,9 +54,18 @@ def _missing(name: str, exc: ImportError) -> ToolError:
     return ToolError(f"`toolbox {name}` needs {mod!r}, which is not installed here: {how}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors as one line naming the flag (exit 2), not usage text and a line;
+    subcommands' parsers are of this class too (add_subparsers makes them of the parent's)."""
+
+    def error(self, message: str):
+        name = self.prog.removeprefix("toolbox").strip()
+        raise UserError(f"{name + ': ' if name else ''}{message} (`{self.prog} --help` shows the usage)")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser with the full arguments of the command argv names (None: of every command)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="toolbox",
         description="Build pinned LLM fine-tuning images and run training in them. "
         "(Not Fedora's `toolbox`: this one is `python -m toolbox`, see README.)",
@@ -78,13 +87,22 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(text: str, limit: int = 2000) -> str:
+    """A message of several lines (a library's, a tool's) as one: its lines joined with "; "."""
+    text = "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _error_line(exc: BaseException, command: str | None) -> tuple[str, int]:
     """The one line and the exit code an exception that reached main() becomes."""
     if isinstance(exc, (UserError, ToolError)):
-        return f"toolbox: error: {exc}", exc.exit_code
+        return f"toolbox: error: {one_line(exc)}", exc.exit_code
     if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in EXTRAS:
-        return f"toolbox: error: {_missing(command or '', exc)}", 1
-    return f"toolbox: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1
+        return f"toolbox: error: {one_line(_missing(command or '', exc))}", 1
+    if isinstance(exc, OSError) and exc.strerror:  # a fault of the machine (disk full, ...), not a bug
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"toolbox: error: {one_line(where + exc.strerror)}", 1
+    return f"toolbox: internal error: {type(exc).__name__}: {one_line(exc)} (run with --debug for the traceback)", 1
 
 
 def main(argv: list[str] | None = None) -> int:

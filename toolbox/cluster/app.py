@@ -20,7 +20,7 @@ from toolbox.cluster.probe import HostInfo, Prober, differences
 from toolbox.cluster.runner import NodeJob, Runner, failure_reason
 from toolbox.cluster.ssh import SshClient
 from toolbox.errors import ToolError, UserError
-from toolbox_train.rdma import choose
+from toolbox_train.distributed.rdma import choose
 
 ALLREDUCE_SOURCE = (Path(__file__).parent / "allreduce.py").read_text()
 
@@ -161,7 +161,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def rdma_report(infos: list[HostInfo]) -> list[str]:
     """Per host: the RDMA port, GID table entry and NCCL_IB_HCA that `launch --transport rdma`
-    will use there (toolbox_train.rdma.choose on the same sysfs data, read over SSH)."""
+    will use there (toolbox_train.distributed.rdma.choose on the same sysfs data, read over SSH)."""
     lines = []
     for info in infos:
         ifname = info.host.ifname
@@ -224,6 +224,37 @@ def cmd_check(args: argparse.Namespace) -> int:
     return rc
 
 
+def _count(text: str) -> int:
+    """argparse type: a whole number of 1 or more (0 processes or iterations cannot run)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, not {n}")
+    return n
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), not {text!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a TCP port (1-65535)")
+    return n
+
+
+def _mib(text: str) -> float:
+    try:
+        n = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size in MiB, not {text!r}") from None
+    if not 0 < n <= 16384:  # nan and inf fail this too
+        raise argparse.ArgumentTypeError(f"expected a size above 0 and at most 16384 MiB, not {text}")
+    return n
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", help="comma-separated [user@]host[:port]; the first is the master")
     p.add_argument("--hostfile", help="one host per line (addr=IP ifname=IF optional); read before --hosts")
@@ -237,8 +268,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssh-option", "-o", action="append", metavar="KEY=VALUE", help="extra ssh -o option (repeatable)")
     p.add_argument("--env", action="append", metavar="NAME",
                    help="forward this variable's value (over SSH stdin, never argv); HF_TOKEN etc. go by default")
-    p.add_argument("--master-port", type=int, default=29500)
-    p.add_argument("--nproc", type=int, help="processes per node (default: launch decides, one per GPU)")
+    p.add_argument("--master-port", type=_port, default=29500)
+    p.add_argument("--nproc", type=_count, help="processes per node (default: launch decides, one per GPU)")
     p.add_argument("--sync", help="gradient sync: every-step or local-sgd:K (passed to launch)")
     p.add_argument("--cpu", action="store_true", help="train on CPU with gloo (tests, no GPU)")
     p.add_argument("--remote-path", help="directory put first on PATH on every host (e.g. a venv's bin) for --via none")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolbox.errors import UserError
@@ -33,6 +34,17 @@ class Host:
     port: int | None = None
     addr: str | None = None
     ifname: str | None = None
+    where: str = field(default="", compare=False)  # "FILE:LINE" or "--hosts", for messages
+
+    def identity(self) -> tuple[str, int]:
+        """The machine and sshd this names: `h`, `root@h` and `h:22` are one host (the login
+        user does not make another machine; ssh's default port is 22)."""
+        name = self.host.strip("[]").lower().rstrip(".")
+        try:
+            name = ipaddress.ip_address(name).compressed
+        except ValueError:
+            pass
+        return name, self.port or 22
 
     def ssh_target(self) -> list[str]:
         """The ssh arguments that name this host (ssh's own config still applies)."""
@@ -58,14 +70,45 @@ def parse_destination(text: str, where: str, **extra: str) -> Host:
     ifname = extra.get("ifname")
     if ifname is not None and not _IFNAME.match(ifname):
         raise UserError(f"{where}: ifname={ifname!r} is not an interface name")
-    return Host(text, m.group("host"), m.group("user"), port, addr, ifname)
+    return Host(text, m.group("host"), m.group("user"), port, addr, ifname, where)
+
+
+MAX_HOSTFILE = 1 << 20  # a host list, not a data file
+
+
+def read_hostfile(path: Path) -> list[str]:
+    """The hostfile's lines; a FIFO, a folder, a huge or a binary file is refused (not read for ever)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read hostfile: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path}: the hostfile is not a regular file")
+    if st.st_size > MAX_HOSTFILE:
+        raise UserError(f"{path}: {st.st_size} bytes is not a hostfile (at most {MAX_HOSTFILE}: one host per line)")
+    try:
+        data = path.read_bytes()[: MAX_HOSTFILE + 1]
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read hostfile: {exc.strerror}") from None
+
+    def line_of(offset: int) -> int:
+        return data.count(b"\n", 0, offset) + 1
+
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise UserError(f"{path}:{line_of(nul)}: NUL byte: the hostfile is binary;"
+                        " expected text, one [user@]host[:port] per line")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}:{line_of(exc.start)}: not UTF-8 text;"
+                        " expected one [user@]host[:port] per line") from None
+    # line numbers as an editor counts them: \n only (str.splitlines also splits at \x0c, \u2028 ...)
+    return text.replace("\r\n", "\n").split("\n")
 
 
 def parse_hostfile(path: Path) -> list[Host]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read hostfile: {exc.strerror}") from None
+    lines = read_hostfile(path)
     hosts = []
     for n, raw in enumerate(lines, 1):
         words = raw.split("#", 1)[0].split()
@@ -93,9 +136,14 @@ def resolve_hosts(hosts_arg: str | None, hostfile: Path | None) -> list[Host]:
             hosts.append(parse_destination(item.strip(), "--hosts"))
     if not hosts:
         raise UserError("no hosts: give --hosts h1,h2 or --hostfile FILE")
-    seen: set[str] = set()
+    seen: dict[tuple[str, int], Host] = {}
     for h in hosts:
-        if h.destination in seen:
-            raise UserError(f"host {h.destination!r} is listed twice")
-        seen.add(h.destination)
+        first = seen.setdefault(h.identity(), h)
+        if first is h:
+            continue
+        if first.destination == h.destination:
+            raise UserError(f"{h.where}: host {h.destination!r} is listed twice (also at {first.where}); list each host once")
+        raise UserError(f"{h.where}: {h.destination!r} is the same host as {first.destination!r} at {first.where}"
+                        " (the login user does not make another host; ssh's port is 22 unless given);"
+                        " list each host once")
     return hosts

@@ -22,6 +22,6 @@ def register(subparsers) -> None:
 
     check = sub.add_parser("check", help="SSH, same image, interface/MTU, and an all-reduce across the hosts")
     app.add_common(check)
-    check.add_argument("--size-mib", type=float, default=16.0, help="all-reduce buffer size for the bandwidth figure")
-    check.add_argument("--iters", type=int, default=10)
+    check.add_argument("--size-mib", type=app._mib, default=16.0, help="all-reduce buffer size for the bandwidth figure")
+    check.add_argument("--iters", type=app._count, default=10)
     check.set_defaults(func=app.cmd_check)
