@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.bump import bump
+from toolbox.stack.bump import bump
 from toolbox.errors import UserError
-from toolbox.stack import STACKS_DIR, load_stack
+from toolbox.paths import STACKS_DIR
+from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGEST = "sha256:" + "ab" * 32

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.bump import bump
+from toolbox.stack.bump import bump
 from toolbox.errors import ToolError, UserError
-from toolbox.stack import STACKS_DIR, load_stack
+from toolbox.paths import STACKS_DIR
+from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 TARBALLS = ["gfx1151-7.13.0", "gfx1151-7.14.0", "gfx1151-7.14.1", "gfx1151-7.15.0", "gfx1151-7.16.0a20260901",

@@ -14,7 +14,7 @@ import pytest
 
 from toolbox import cli
 from toolbox.render import render_dockerfile
-from toolbox.stack import load_stack
+from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbox import pinning
+from toolbox.stack import pinning
 from toolbox.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import pytest
 
 from test_pinning import TORCH_PINS, Server, build_dry, stack_file, wheel_name, user  # noqa: F401
 from toolbox.errors import UserError
-from toolbox.stack import load_stack
+from toolbox.stack.load import load_stack
 
 
 def make_wheel(name: str, version: str, filler: str = "") -> bytes:
@@ -201,7 +201,7 @@ def test_a_new_version_drops_its_wheel_pin(tmp_path):
 
 def test_first_use_list_unchanged_by_wheel_pins():
     """Pinning a wheel must not make the checked-in Python lock stale (its inputs are versions)."""
-    from toolbox import pylock
+    from toolbox.stack import pylock
 
     plain = load_stack("gfx1151")
     pinned = load_stack("gfx1151", [f"torch.wheels.torch={WHEEL}#sha256={'a' * 64}"])

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from toolbox import pylock
+from toolbox.stack import pylock
 from toolbox.render import render_dockerfile
-from toolbox.stack import STACKS_DIR, load_stack
+from toolbox.paths import STACKS_DIR
+from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +106,7 @@ def test_a_set_pin_set_locked_into_the_user_state_is_used(tmp_path, monkeypatch)
 
 def test_every_shipped_stack_is_locked_and_current():
     """A pin changed without `toolbox lock` (`toolbox bump` relocks) fails here."""
-    from toolbox.stack import stack_names
+    from toolbox.stack.load import stack_names
 
     for name in stack_names():
         stack = load_stack(name)

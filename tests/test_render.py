@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from toolbox.render import render_dockerfile, write_context
-from toolbox.stack import load_stack, stack_names
+from toolbox.stack.load import load_stack, stack_names
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKS = stack_names()

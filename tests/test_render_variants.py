@@ -12,7 +12,8 @@ import dockerfile
 import pytest
 
 from toolbox.render import render_dockerfile, write_context
-from toolbox.stack import PROJECT_ROOT, load_stack
+from toolbox.paths import PROJECT_ROOT
+from toolbox.stack.load import load_stack
 
 COMMIT = "79e85e1468f96a867108043c953e9547c13b4c5e"
 

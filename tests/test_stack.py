@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from toolbox.errors import UserError
-from toolbox.stack import load_stack, stack_names
+from toolbox.stack.load import load_stack, stack_names
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_COMMIT = "37d2a9387f7146ccb85517ff45c665d345bfda79"

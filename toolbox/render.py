@@ -18,8 +18,9 @@ import jinja2
 from toolbox import components
 from toolbox.components import ContextFile
 from toolbox.errors import ToolError, UserError
-from toolbox.lock import document as lock_document
-from toolbox.stack import PROJECT_ROOT, Stack
+from toolbox.stack.digest import document as lock_document
+from toolbox.paths import PROJECT_ROOT
+from toolbox.stack.resolved import Stack
 
 TEMPLATES = PROJECT_ROOT / "dockerfiles"
 DEVEL_STAGE = "stages/devel.j2"
@@ -116,7 +117,7 @@ def write_context(stack: Stack, dest: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
-        (tmp / "stack.lock.yaml").write_text(lock_document(stack, stack.locked), encoding="utf-8")
+        (tmp / "stack.lock.yaml").write_text(lock_document(stack.model, stack.locked), encoding="utf-8")
         for c in components.active(stack):
             for entry in c.context(stack):
                 _place(entry, tmp, stack, c.name)

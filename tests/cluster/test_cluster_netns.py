@@ -173,7 +173,7 @@ def cpu_image_tag():
     from helpers.enginekit import BASE_REF, CACHE, ca_bundle, podman, toolbox as tb, wheelhouse  # sets CONTAINERS_CONF
 
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     tag = default_tag(load_stack("cpu"))
     if podman("image", "exists", tag, check=False).returncode != 0:

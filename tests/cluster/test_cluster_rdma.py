@@ -55,7 +55,7 @@ def test_report_when_no_port_is_active_or_several_are_ambiguous(tmp_path):
 
 def test_gpu_images_carry_the_verbs_providers():
     from toolbox.components.base import os_packages
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     fedora = os_packages(load_stack("gfx1151"), "runtime")
     assert {"libibverbs", "libibverbs-utils", "librdmacm"} <= set(fedora)

@@ -73,7 +73,7 @@ def test_run_dry_run_rocm_podman(tmp_path, monkeypatch):
     assert argv.count("--group-add") == 2
     # the command after the image, both `--` kept for launch
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     image = default_tag(load_stack("gfx1151"))
     assert argv[argv.index(image) + 1:] == ["launch", "--strategy", "ddp", "--", "finetune", "--config", "train.yaml"]
@@ -139,7 +139,7 @@ def test_toolbx_and_distrobox_run_in_the_named_container(tmp_path):
 
 def test_create_commands():
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     image = default_tag(load_stack("gfx1151"))
     cp = toolbox("create", "--stack", "gfx1151", "--via", "distrobox", "--name", "strix", "--dry-run")
@@ -181,7 +181,7 @@ def test_build_dry_run_prints_runnable_commands(tmp_path):
     assert "--no-cache" in build and "-t" not in build  # tagged only after success
     assert build[build.index("--format") + 1] == "docker"  # SHELL (pipefail) is kept
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     assert shlex.split(lines[3]) == ["podman", "tag", '$(cat "$IIDFILE")'.replace('"', ""), default_tag(load_stack("cpu"))]
     assert lines[1] == "IIDFILE=$(mktemp)"

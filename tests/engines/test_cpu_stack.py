@@ -68,7 +68,7 @@ def train_argv() -> list[str]:
 def test_podman_build_then_ddp_training_in_the_image(cpu_image, tiny_model, tmp_path):
     out = cpu_image["stdout"]
     tag = cpu_image["tag"]
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     stack = load_stack("cpu")
     assert tag == f"localhost/toolbox-cpu:{stack.lock_digest()}"
@@ -150,7 +150,7 @@ def _lineage(steps: list[str], step: str) -> set[str | None]:
 def test_rebuild_after_hf_pin_change_reuses_base_and_torch_layers(cpu_image, tmp_path):
     old = cpu_image["tag"]
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     # a leftover of an earlier run would serve the HF step from cache too: drop it first
     podman("rmi", "-f", default_tag(load_stack("cpu", ["hf.peft=0.21.1"])), check=False)
@@ -194,7 +194,7 @@ def test_rebuild_after_hf_pin_change_reuses_base_and_torch_layers(cpu_image, tmp
 
 def test_failed_stack_build_names_the_step_and_tags_nothing(cpu_image):
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     tag = default_tag(load_stack("cpu", ["hf.peft=99.0.0"]))
     cp = toolbox("build", "--stack", "cpu", "--engine", "podman", "--set", "hf.peft=99.0.0", "--unlocked",

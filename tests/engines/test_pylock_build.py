@@ -18,8 +18,8 @@ STACKS = Path(__file__).resolve().parents[2] / "toolbox" / "stacks"
 
 
 def test_cpu_image_is_built_from_its_lock(cpu_image):
-    from toolbox import pylock
-    from toolbox.stack import load_stack
+    from toolbox.stack import pylock
+    from toolbox.stack.load import load_stack
 
     lock = pylock.current(load_stack("cpu"))
     assert lock is not None, "toolbox/stacks/cpu.pylock.txt is stale: run `toolbox lock --stack cpu`"
@@ -40,7 +40,7 @@ def test_tampered_lock_hash_fails_the_build(base_image, tmp_path):
     bad = ("0" if good[0] != "0" else "1") + good[1:]
     (tmp_path / "cpu.pylock.txt").write_text(text.replace(good, bad))
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     tag = default_tag(load_stack(str(tmp_path / "cpu.yaml")))
     cp = toolbox("build", "--stack", str(tmp_path / "cpu.yaml"), "--engine", "podman",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from toolbox.errors import UserError
-from toolbox.stack import load_stack
+from toolbox.stack.load import load_stack
 from toolbox_train import doctor
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toolbox import cli
-from toolbox.stack import STACKS_DIR, stack_names
+from toolbox.paths import STACKS_DIR
+from toolbox.stack.load import stack_names
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("TOOLBOX_FUZZ_EXAMPLES", "200"))

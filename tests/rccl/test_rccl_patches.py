@@ -173,7 +173,7 @@ def test_bad_input_is_exit_2_with_file_and_line(upstream, tmp_path):
 
 
 def test_shipped_series_are_well_formed_and_agree_with_their_stacks():
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     for name in ("gfx1151", "gfx1151-early2026"):
         stack = load_stack(name)

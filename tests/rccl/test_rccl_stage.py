@@ -7,7 +7,7 @@ import re
 import pytest
 
 from toolbox.render import render_dockerfile
-from toolbox.stack import load_stack
+from toolbox.stack.load import load_stack
 
 
 def _rccl_stage(text: str) -> str:

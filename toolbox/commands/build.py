@@ -79,9 +79,9 @@ def run(args) -> int:
     from toolbox.engines import BuildSpec, get_engine, quote, require
     from toolbox.render import write_context
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
-    from toolbox import pinning, pylock
+    from toolbox.stack import pinning, pylock
 
     stack = load_stack(args.stack, args.overrides)
     _check_inputs(args)

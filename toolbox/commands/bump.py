@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolbox.bump import COMPONENTS, bump
+from toolbox.stack.bump import COMPONENTS, bump
 from toolbox.errors import ToolError, UserError
 
 
@@ -15,10 +15,10 @@ def run(args) -> int:
 
 
 def _relock(stack_ref) -> None:
-    """A stack with a Python lock gets it refreshed for its new pins (toolbox.pylock)."""
-    from toolbox import pylock
+    """A stack with a Python lock gets it refreshed for its new pins (toolbox.stack.pylock)."""
+    from toolbox.stack import pylock
     from toolbox.commands.lock import relock
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     stack = load_stack(stack_ref)
     if pylock.lock_path(stack).is_file() and pylock.current(stack) is None:

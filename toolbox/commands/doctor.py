@@ -107,7 +107,7 @@ def host_checks(args):
 def container_checks(args, engine, checks):
     """toolbx/distrobox: the tool, the user it accepts, the container --name and its labels."""
     from toolbox.commands.run import resolve_target
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
     from toolbox_train.doctor import Check
 
     try:

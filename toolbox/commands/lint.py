@@ -10,7 +10,8 @@ from pathlib import Path
 
 from toolbox.errors import ToolError
 from toolbox.render import render_dockerfile
-from toolbox.stack import PROJECT_ROOT, load_stack, stack_names
+from toolbox.paths import PROJECT_ROOT
+from toolbox.stack.load import load_stack, stack_names
 
 
 def _hadolint() -> str:

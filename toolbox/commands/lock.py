@@ -20,8 +20,8 @@ def find_links(given: list[Path]) -> list[Path]:
 
 
 def relock(stack_ref, links: list[Path], upgrade: bool = False, overrides=()) -> Path:
-    from toolbox import pylock
-    from toolbox.stack import load_stack
+    from toolbox.stack import pylock
+    from toolbox.stack.load import load_stack
 
     stack = load_stack(stack_ref, overrides)
     # A --set that changes the Python set is locked into the user's state, never the shipped file.
@@ -31,8 +31,8 @@ def relock(stack_ref, links: list[Path], upgrade: bool = False, overrides=()) ->
 
 def run(args) -> int:
     if args.check:
-        from toolbox import pylock
-        from toolbox.stack import load_stack
+        from toolbox.stack import pylock
+        from toolbox.stack.load import load_stack
 
         stack = load_stack(args.stack, args.overrides)
         found = pylock.current(stack)

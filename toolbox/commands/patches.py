@@ -15,7 +15,7 @@ def _series_path(args) -> tuple[Path, str | None]:
     if args.series:
         p = Path(args.series)
         return (p / "series" if p.is_dir() else p), None
-    from toolbox.stack import load_stack  # noqa: PLC0415 (only needed on this path)
+    from toolbox.stack.load import load_stack  # noqa: PLC0415 (only needed on this path)
 
     stack = load_stack(args.stack)
     if stack.rccl is None or stack.rccl_patch_dir is None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from toolbox.files import atomic_write
 from toolbox.render import render_dockerfile, write_context
-from toolbox.stack import load_stack
+from toolbox.stack.load import load_stack
 
 
 def add_stack_args(p) -> None:

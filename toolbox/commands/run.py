@@ -42,7 +42,7 @@ def resolve_target(args, engine=None) -> tuple[str, str, object | None]:
     """(image, platform, stack or None); ENGINE (an available ImageEngine) reads an image's
     stack label when only --image is given."""
     from toolbox.run_options import default_tag
-    from toolbox.stack import load_stack
+    from toolbox.stack.load import load_stack
 
     stack = None
     if args.image and not args.stack and not args.overrides:

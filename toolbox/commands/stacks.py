@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolbox.stack import load_stack, stack_names
+from toolbox.stack.load import load_stack, stack_names
 
 KEY_PINS = ("rocm.version", "torch.version", "rccl.commit", "unsloth.version", "transformers.version")
 

@@ -9,8 +9,8 @@ A component module defines `COMPONENT = Component(...)` with:
 
 - `name`: the block of the stack it installs (also what ORDER and messages call it).
 - `applies(stack) -> bool`: whether the stack uses it; only active components contribute.
-- `pins(stack) -> {pin: value}`: its entries in the lock (`toolbox.lock`); every value that
-  changes what gets built must be a pin, since the lock digest tags the image.
+- `pins(stack) -> {pin: value}`: its entries in the stack's pins (`toolbox.stack.digest`);
+  every value that changes what gets built must be a pin, since their digest tags the image.
 - `builder`: a template under dockerfiles/ rendering its builder stage (sources and compilers
   stay there), and `builds(stack) -> bool` when that stage is only sometimes needed.
 - `runtime`: a template rendering its steps in the runtime stage (copying builder results in).
@@ -23,7 +23,7 @@ A component module defines `COMPONENT = Component(...)` with:
   Dockerfile and stack.lock.yaml (files or folders copied, templates rendered, empty folders).
 
 Adding a component: a module here with those hooks, its templates, its block in
-toolbox/stack_model.py, and its place in ORDER. ORDER is by how often the pins change (ROCm
+toolbox/stack/model.py, and its place in ORDER. ORDER is by how often the pins change (ROCm
 first, Unsloth/HF last, labels at the very end), so a bump of a late pin reuses every earlier
 layer.
 """
@@ -34,11 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-if TYPE_CHECKING:
-    from toolbox.lock import Lock
-    from toolbox.stack import Stack
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:  # neither imports toolbox.components: no circle
+    from toolbox.stack.digest import Lock
+    from toolbox.stack.resolved import Stack
 
 
 @dataclass(frozen=True)
@@ -81,3 +79,11 @@ def _all() -> list[Component]:
 
 def active(stack: "Stack") -> list[Component]:
     return [c for c in _all() if c.applies(stack)]
+
+
+def pins(stack: "Stack") -> dict[str, str]:
+    """Every active component's pins, sorted: what the stack's digest is computed from."""
+    out: dict[str, str] = {}
+    for comp in active(stack):
+        out.update(comp.pins(stack))
+    return dict(sorted(out.items()))

@@ -1,6 +1,7 @@
 """The OS layer: base image, toolbx/distrobox packages, the /opt/venv Python environment."""
 
-from toolbox.components import PROJECT_ROOT, Component, ContextFile
+from toolbox.components import Component, ContextFile
+from toolbox.paths import PROJECT_ROOT
 
 SCRIPTS = PROJECT_ROOT / "dockerfiles" / "scripts"
 

@@ -1,4 +1,4 @@
-"""The stack's Python lock (toolbox.pylock): installed with --require-hashes.
+"""The stack's Python lock (toolbox.stack.pylock): installed with --require-hashes.
 
 No templates of its own: torch.j2 installs from its torch part while torch's pins still match
 the lock (`python_lock_torch`), hf.j2 from the whole lock while every pin does (`python_lock`).
@@ -7,7 +7,7 @@ The used lock's sha256 is a pin, so a different dependency set never shares an i
 
 import hashlib
 
-from toolbox import pylock
+from toolbox.stack import pylock
 from toolbox.components import Component, ContextFile
 
 

@@ -1,6 +1,7 @@
 """RCCL built from a pinned commit of ROCm/rocm-systems with the series in rccl-patches/."""
 
-from toolbox.components import PROJECT_ROOT, Component, ContextFile
+from toolbox.components import Component, ContextFile
+from toolbox.paths import PROJECT_ROOT
 
 RCCL_PATCHES = PROJECT_ROOT / "rccl-patches"
 ABICHECK = PROJECT_ROOT / "toolbox" / "rccl" / "abicheck.py"

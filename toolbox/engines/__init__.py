@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 
 from toolbox.engines.base import (ContainerEngine, Engine, ImageEngine, LineSink, build_failure,  # noqa: F401
                                   failed_step)
@@ -28,10 +27,6 @@ def quote(argv: list[str]) -> str:
 
 def env_names_present(names: list[str]) -> list[str]:
     return [n for n in names if n in os.environ]
-
-
-def which(name: str) -> str | None:
-    return shutil.which(name)
 
 
 def _classes() -> dict[str, type]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 
-from toolbox.engines import which
 from toolbox.engines.base import ContainerEngine
 from toolbox.engines.spec import RunSpec
 from toolbox.errors import ToolError, UserError
@@ -16,7 +16,7 @@ class DistroboxEngine(ContainerEngine):
     name = "distrobox"
 
     def available(self) -> bool:
-        return which("distrobox") is not None
+        return shutil.which("distrobox") is not None
 
     def missing_hint(self) -> str:
         return "`distrobox` is not on PATH (`apt-get install distrobox`, `dnf install distrobox`)"

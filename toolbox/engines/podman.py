@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
-from toolbox.engines import which
 from toolbox.engines.base import ImageEngine, LineSink, iid_tempdir, stream_build
 from toolbox.engines.spec import BuildResult, BuildSpec, RunSpec
 from toolbox.errors import ToolError
@@ -19,7 +19,7 @@ class PodmanEngine(ImageEngine):
         self.binary = binary or os.environ.get("TOOLBOX_PODMAN", "podman")
 
     def available(self) -> bool:
-        return which(self.binary) is not None
+        return shutil.which(self.binary) is not None
 
     def missing_hint(self) -> str:
         return "`podman` is not on PATH; install it (`apt-get install podman`, `dnf install podman`)"

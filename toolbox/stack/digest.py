@@ -1,8 +1,9 @@
-"""The lock: every pin of a stack, its digest and its unverified pins, computed once per stack.
+"""The stack's digest: every pin of a stack, their digest and its unverified pins, once per stack.
 
-`toolbox.stack.load_stack` computes it when the stack is loaded (the patch series is hashed
-then, once) and the Stack carries it; components receive it as an argument instead of asking
-the stack back, so nothing here depends on toolbox.stack.
+`toolbox.stack.load.load_stack` computes it when the stack is loaded (the patch series is
+hashed then, once) from the components' pins, and the Stack carries it; components receive it
+as an argument instead of asking the stack back. It reads only the stack model: nothing here
+imports the components or the resolved stack.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel
 
-from toolbox import components
-
 if TYPE_CHECKING:
-    from toolbox.stack import Stack
+    from toolbox.stack.model import StackModel
 
 
 @dataclass(frozen=True)
@@ -43,22 +42,20 @@ def unverified_paths(model: BaseModel) -> list[str]:
     return sorted(out)
 
 
-def compute(stack: "Stack") -> Lock:
-    pins: dict[str, str] = {}
-    for comp in components.active(stack):
-        pins.update(comp.pins(stack))
+def compute(model: "StackModel", pins: dict[str, str]) -> Lock:
+    """The digest of the stack's pins (toolbox.components.pins(stack) collects them)."""
     pins = dict(sorted(pins.items()))
-    blob = json.dumps({"stack": stack.model.name, "pins": pins}, sort_keys=True).encode()
+    blob = json.dumps({"stack": model.name, "pins": pins}, sort_keys=True).encode()
     return Lock(pins=pins, digest=hashlib.sha256(blob).hexdigest()[:12],
-                unverified=tuple(unverified_paths(stack.model)))
+                unverified=tuple(unverified_paths(model)))
 
 
-def document(stack: "Stack", lock: Lock) -> str:
+def document(model: "StackModel", lock: Lock) -> str:
     """stack.lock.yaml, as the image ships it in /opt/toolbox/."""
     doc = {
-        "stack": stack.model.name,
-        "platform": stack.model.platform,
-        "base_image": stack.model.base.ref,
+        "stack": model.name,
+        "platform": model.platform,
+        "base_image": model.base.ref,
         "lock_digest": lock.digest,
         "pins": dict(lock.pins),
         "unverified": list(lock.unverified),

@@ -34,26 +34,13 @@ from typing import Callable, Iterable
 
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
+from toolbox.paths import cache_dir, state_dir
+from toolbox.stack import wheel_index
+from toolbox.stack.pylock import python_version
 
 LOCK_NAME = "pins.lock.json"
 MANIFEST = "share/therock/therock_manifest.json"
 CHUNK = 1 << 20
-
-
-def state_dir() -> Path:
-    """$TOOLBOX_STATE_DIR, else $XDG_STATE_HOME/toolbox, else ~/.local/state/toolbox."""
-    if os.environ.get("TOOLBOX_STATE_DIR"):
-        return Path(os.environ["TOOLBOX_STATE_DIR"])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "toolbox"
-
-
-def cache_dir() -> Path:
-    """$TOOLBOX_CACHE_DIR, else $XDG_CACHE_HOME/toolbox, else ~/.cache/toolbox."""
-    if os.environ.get("TOOLBOX_CACHE_DIR"):
-        return Path(os.environ["TOOLBOX_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "toolbox"
 
 
 class PinLock:
@@ -215,8 +202,6 @@ def pin_wheel(index_url: str, name: str, version: str, python: str, *, lock: Pin
     it gives one, else the wheel downloaded once into the cache and hashed) and recorded."""
     from packaging.version import Version
 
-    from toolbox import wheel_index
-
     key = f"{index_url} {name}=={version} cp{python.replace('.', '')}"
     entry = lock.data.setdefault("wheels", {}).get(key)
     if entry is not None:
@@ -301,9 +286,7 @@ def first_use_overrides(stack, *, frozen: bool = False, engine: str = "podman",
     torch = getattr(stack, "torch", None)
     if torch is not None and stack.platform == "rocm" and torch.index_url:
         # AMD's wheel index: only the user's network reaches it, so its wheels are not in the
-        # checked-in Python lock (toolbox.pylock's first-use list); pinned here instead.
-        from toolbox.pylock import python_version
-
+        # checked-in Python lock (toolbox.stack.pylock's first-use list); pinned here instead.
         for name in ("torch", "torchvision", "torchaudio"):
             version = getattr(torch, name)
             if version is not None and name not in torch.wheels:

@@ -1,8 +1,8 @@
 """Reading stack files: YAML with the line of every field, `extends:` and `--set` overrides.
 
 The result is a plain dict plus an `Origin` (where each field path was written), so that a
-validation error of toolbox.stack_model names the file and line the user must edit. Public
-API (toolbox.bump uses it too): `Origin`, `read_yaml`, `load_raw`, `apply_overrides`,
+validation error of toolbox.stack.model names the file and line the user must edit. Public
+API (toolbox.stack.bump uses it too): `Origin`, `read_yaml`, `load_raw`, `apply_overrides`,
 `format_errors`, `field_lines`.
 """
 

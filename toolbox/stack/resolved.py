@@ -1,53 +1,29 @@
-"""Stacks: the YAML files of pins that a Dockerfile is rendered from.
+"""The resolved stack: a validated stack model and what is derived from it (patch files, the digest).
 
-A stack is validated by the pydantic models of toolbox.stack_model, which forbid unknown keys,
-so a typo such as `rocm.verison` is an error naming the file, the field path and the line
-(toolbox.stack_loader keeps the lines). A user's file can `extends:` a shipped stack;
-`--set key.path=value` overrides go through the same validation. `load_stack` returns the
-resolved `Stack`: the model plus what is derived from it (patch files found, the lock).
+`toolbox.stack.load.load_stack` builds it; components and render receive it. This module
+imports neither the components nor the loading code, so both can name `Stack` without a circle.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from toolbox import lock as lockmod
 from toolbox.errors import UserError
+from toolbox.paths import PROJECT_ROOT
 from toolbox.rccl.patches import MissingPatch, Series, parse_series
-from toolbox.stack_loader import Origin, apply_overrides, format_errors, load_raw
-# Re-exported: callers import the schema from here.
-from toolbox.stack_model import (  # noqa: F401
-    COMMIT_RE, DIGEST_RE, KNOWN_GPU_TARGETS, SHA256_RE, VERSION_RE, StackModel,
-)
+from toolbox.stack.loader import Origin
+from toolbox.stack.model import StackModel
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-STACKS_DIR = PACKAGE_DIR / "stacks"
-PROJECT_ROOT = PACKAGE_DIR.parent
-DEFAULT_STACK = "gfx1151"
-
-
-def stack_names() -> list[str]:
-    return sorted(p.stem for p in STACKS_DIR.glob("*.yaml"))
-
-
-def resolve_ref(ref: str | None, relative_to: Path | None = None) -> Path:
-    ref = ref or DEFAULT_STACK
-    if re.match(r"^[a-z0-9][a-z0-9._-]*$", ref) and (STACKS_DIR / f"{ref}.yaml").is_file():
-        return STACKS_DIR / f"{ref}.yaml"
-    p = Path(ref)
-    if relative_to is not None and not p.is_absolute():
-        p = relative_to / p
-    if p.is_file():
-        return p
-    raise UserError(f"no stack {ref!r}: neither a shipped stack ({', '.join(stack_names())}) nor a file")
+if TYPE_CHECKING:
+    from toolbox.stack.digest import Lock
 
 
 class Stack:
-    """A validated stack and what is derived from it: patch files (checked), the lock."""
+    """A validated stack and what is derived from it: patch files (checked), the digest
+    (`locked`, set by load_stack once the components' pins are known)."""
+
+    locked: "Lock"
 
     def __init__(self, model: StackModel, source: Path, origin: Origin):
         self.model = model
@@ -55,8 +31,6 @@ class Stack:
         self.origin = origin
         self.rccl_series: Series | None = self._rccl_series()
         self.unsloth_patches = self._unsloth_patch_files()
-        self.locked: lockmod.Lock = lockmod.compute(self)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
 
@@ -115,15 +89,3 @@ class Stack:
 
     def unverified_pins(self) -> list[str]:
         return list(self.locked.unverified)
-
-
-def load_stack(ref: str | None = None, overrides: Sequence[str] = ()) -> Stack:
-    path = resolve_ref(ref)
-    origin = Origin()
-    raw = load_raw(path, origin, lambda parent, folder: resolve_ref(parent, relative_to=folder))
-    apply_overrides(raw, overrides, origin)
-    try:
-        model = StackModel.model_validate(raw)
-    except ValidationError as exc:
-        raise UserError(format_errors(exc, origin)) from None
-    return Stack(model, path.resolve(), origin)

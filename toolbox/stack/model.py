@@ -1,9 +1,9 @@
 """The stack schema: pydantic models that forbid unknown keys, one description per field.
 
-Validation only (the checks of single values are toolbox.stack_values): reading the YAML
-(lines, `extends:`, `--set`) is toolbox.stack_loader, and what is derived from a valid stack
-(patch files, pins, lock) is toolbox.stack and toolbox.lock.
-`python -c 'import json, toolbox.stack_model as m; print(json.dumps(m.StackModel.model_json_schema()))'`
+Validation only (the checks of single values are toolbox.stack.values): reading the YAML
+(lines, `extends:`, `--set`) is toolbox.stack.loader, and what is derived from a valid stack
+(patch files, pins, digest) is toolbox.stack.resolved and toolbox.stack.digest.
+`python -c 'import json, toolbox.stack.model as m; print(json.dumps(m.StackModel.model_json_schema()))'`
 prints the schema with these descriptions.
 """
 
@@ -14,7 +14,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from toolbox.stack_values import (  # noqa: F401  (the patterns: re-exported)
+from toolbox.stack.values import (  # noqa: F401  (the patterns: re-exported)
     COMMIT_RE, DIGEST_RE, FLOATING_WORDS, KNOWN_GPU_TARGETS, SHA256_RE, VERSION_RE, FieldError,
     check_commit as _commit, check_sha256 as _sha256, check_targets as _targets, check_url as _url,
     check_version as _version, check_wheel_ref, covers as _covers, pinned_is_verified as _pinned_is_verified,

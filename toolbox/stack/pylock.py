@@ -32,8 +32,8 @@ from pathlib import Path
 
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
+from toolbox.paths import PROJECT_ROOT, state_dir
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PLATFORM = "x86_64-manylinux_2_28"
 # The interpreter the image's /opt/venv is made with: Debian bookworm's python3 is 3.11.
 DEBIAN_PYTHON = {"bookworm": "3.11", "bookworm-slim": "3.11", "trixie": "3.13", "trixie-slim": "3.13"}
@@ -48,8 +48,6 @@ def lock_path(stack) -> Path:
 
 def user_lock_path(stack) -> Path:
     """The lock of a pin set that --set made: in the user's state, keyed by its inputs."""
-    from toolbox.pinning import state_dir
-
     return state_dir() / "pylocks" / f"{stack.source.stem}-{inputs_digest(stack)[:16]}.pylock.txt"
 
 

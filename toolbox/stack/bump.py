@@ -26,11 +26,11 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from toolbox import wheel_index
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
-from toolbox.stack import load_stack, resolve_ref
-from toolbox.stack_loader import field_lines
+from toolbox.stack import wheel_index
+from toolbox.stack.load import load_stack, resolve_ref
+from toolbox.stack.loader import field_lines
 
 GIT_FIELDS = {
     "rccl": ("rccl", "repo", "commit"),

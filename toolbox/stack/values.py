@@ -1,5 +1,5 @@
 """Checks of single stack values (commits, versions, hashes, URLs, GPU targets, pinned wheels),
-used by the stack schema in toolbox.stack_model; each raises ValueError (or FieldError) with the
+used by the stack schema in toolbox.stack.model; each raises ValueError (or FieldError) with the
 message the user sees next to the field's line."""
 
 from __future__ import annotations

@@ -1,0 +1,57 @@
+"""Loading a stack: the shipped stacks by name, a file by path, `--set` overrides.
+
+A stack is validated by the pydantic models of toolbox.stack.model, which forbid unknown keys,
+so a typo such as `rocm.verison` is an error naming the file, the field path and the line
+(toolbox.stack.loader keeps the lines). A user's file can `extends:` a shipped stack;
+`--set key.path=value` overrides go through the same validation. `load_stack` returns the
+resolved `Stack` (toolbox.stack.resolved) with its digest (toolbox.stack.digest) computed from
+the components' pins.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+from pydantic import ValidationError
+
+from toolbox import components
+from toolbox.errors import UserError
+from toolbox.paths import STACKS_DIR
+from toolbox.stack import digest
+from toolbox.stack.loader import Origin, apply_overrides, format_errors, load_raw
+from toolbox.stack.model import StackModel
+from toolbox.stack.resolved import Stack
+
+DEFAULT_STACK = "gfx1151"
+
+
+def stack_names() -> list[str]:
+    return sorted(p.stem for p in STACKS_DIR.glob("*.yaml"))
+
+
+def resolve_ref(ref: str | None, relative_to: Path | None = None) -> Path:
+    ref = ref or DEFAULT_STACK
+    if re.match(r"^[a-z0-9][a-z0-9._-]*$", ref) and (STACKS_DIR / f"{ref}.yaml").is_file():
+        return STACKS_DIR / f"{ref}.yaml"
+    p = Path(ref)
+    if relative_to is not None and not p.is_absolute():
+        p = relative_to / p
+    if p.is_file():
+        return p
+    raise UserError(f"no stack {ref!r}: neither a shipped stack ({', '.join(stack_names())}) nor a file")
+
+
+def load_stack(ref: str | None = None, overrides: Sequence[str] = ()) -> Stack:
+    path = resolve_ref(ref)
+    origin = Origin()
+    raw = load_raw(path, origin, lambda parent, folder: resolve_ref(parent, relative_to=folder))
+    apply_overrides(raw, overrides, origin)
+    try:
+        model = StackModel.model_validate(raw)
+    except ValidationError as exc:
+        raise UserError(format_errors(exc, origin)) from None
+    stack = Stack(model, path.resolve(), origin)
+    stack.locked = digest.compute(model, components.pins(stack))
+    return stack
