@@ -222,3 +222,32 @@ def test_state_lives_outside_the_package(monkeypatch, tmp_path):
     monkeypatch.delenv("TOOLBOX_STATE_DIR", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert pinning.PinLock().path == tmp_path / "xdg" / "toolbox" / "pins.lock.json"
+
+
+def test_first_use_pins_are_typed_updates_applied_without_reading_the_stack_again(tmp_path, server, user, monkeypatch):
+    # One parse per build: the pins come back as (field path, value), and the loaded stack takes
+    # them without its files, --set texts or patch series being read again.
+    from toolbox.stack import loader, resolved
+    from toolbox.stack.load import load_stack, with_pins
+
+    path = stack_file(tmp_path, server.url)
+    stack = load_stack(str(path), ["hf.peft=0.17.1"])
+    updates = pinning.first_use_pins(stack, engine="podman")
+    want = sha(server.body)
+    assert [(u.path, u.value) for u in updates] == [(("rocm", "tarball", "sha256"), want),
+                                                    (("rocm", "tarball", "unverified"), False)]
+
+    def no_second_read(*a, **k):
+        raise AssertionError("the stack was read again")
+
+    monkeypatch.setattr(loader.safe_yaml, "load_file", no_second_read)
+    monkeypatch.setattr(loader.safe_yaml, "load_text", no_second_read)
+    monkeypatch.setattr(resolved, "parse_series", no_second_read)
+    pinned = with_pins(stack, updates)
+    assert pinned.model.rocm.tarball.sha256 == want and not pinned.unverified_pins()
+    assert pinned.model.hf.peft == "0.17.1" and pinned.rccl_series is stack.rccl_series
+    assert stack.model.rocm.tarball.sha256 is None  # the loaded stack itself is left as it was
+    monkeypatch.undo()
+    # the same stack as the --set route of before, digest included
+    again = load_stack(str(path), ["hf.peft=0.17.1", f"rocm.tarball.sha256={want}", "rocm.tarball.unverified=false"])
+    assert pinned.model == again.model and pinned.lock_digest() == again.lock_digest()

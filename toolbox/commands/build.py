@@ -79,7 +79,7 @@ def run(args) -> int:
     from toolbox.engines import BuildSpec, get_engine, quote, require
     from toolbox.render import write_context
     from toolbox.run_options import default_tag
-    from toolbox.stack.load import load_stack
+    from toolbox.stack.load import load_stack, with_pins
 
     from toolbox.stack import pinning, pylock
 
@@ -92,10 +92,9 @@ def run(args) -> int:
     engine = get_engine(args.engine)
     if not args.allow_unverified or args.frozen:
         # The ROCm tarball's sha256 / base digest: from the user's pin lock, else fetched once now.
-        pins = pinning.first_use_overrides(stack, frozen=args.frozen, engine=engine.name,
-                                           ca_bundle=args.ca_bundle)
+        pins = pinning.first_use_pins(stack, frozen=args.frozen, engine=engine.name, ca_bundle=args.ca_bundle)
         if pins:
-            stack = load_stack(args.stack, [*args.overrides, *pins])
+            stack = with_pins(stack, pins)  # typed updates: the files and --set are not read again
     unverified = stack.unverified_pins()
     if unverified and (args.frozen or not args.allow_unverified):
         raise UserError(

@@ -5,14 +5,16 @@ so a typo such as `rocm.verison` is an error naming the file, the field path and
 (toolbox.stack.loader keeps the lines). A user's file can `extends:` a shipped stack;
 `--set key.path=value` overrides go through the same validation. `load_stack` returns the
 resolved `Stack` (toolbox.stack.resolved) with its digest (toolbox.stack.digest) computed from
-the components' pins.
+the components' pins. `with_pins` applies typed pin updates (first-use pins) to a loaded stack:
+validated again, with no file read or `--set` text parsed a second time.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from pydantic import ValidationError
 
@@ -20,9 +22,12 @@ from toolbox import components
 from toolbox.errors import UserError
 from toolbox.paths import STACKS_DIR
 from toolbox.stack import digest
-from toolbox.stack.loader import Origin, apply_overrides, format_errors, load_raw
+from toolbox.stack.loader import Origin, apply_overrides, apply_values, format_errors, load_raw
 from toolbox.stack.model import StackModel
 from toolbox.stack.resolved import Stack
+
+if TYPE_CHECKING:
+    from toolbox.stack.pinning import PinUpdate
 
 DEFAULT_STACK = "gfx1151"
 
@@ -48,10 +53,21 @@ def load_stack(ref: str | None = None, overrides: Sequence[str] = ()) -> Stack:
     origin = Origin()
     raw = load_raw(path, origin, lambda parent, folder: resolve_ref(parent, relative_to=folder))
     apply_overrides(raw, overrides, origin)
+    return _resolve(raw, origin, path.resolve())
+
+
+def with_pins(stack: Stack, updates: Sequence["PinUpdate"]) -> Stack:
+    """The stack with first-use pins set (toolbox.stack.pinning's typed updates), validated again."""
+    raw, origin = copy.deepcopy(stack.raw), copy.deepcopy(stack.origin)
+    apply_values(raw, [(u.path, u.value) for u in updates], origin, "first-use pin")
+    return _resolve(raw, origin, stack.source, derived_from=stack)
+
+
+def _resolve(raw: dict, origin: Origin, source: Path, derived_from: Stack | None = None) -> Stack:
     try:
         model = StackModel.model_validate(raw)
     except ValidationError as exc:
         raise UserError(format_errors(exc, origin)) from None
-    stack = Stack(model, path.resolve(), origin)
+    stack = Stack(model, source, origin, raw, derived_from=derived_from)
     stack.locked = digest.compute(model, components.pins(stack))
     return stack

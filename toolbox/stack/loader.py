@@ -3,7 +3,7 @@
 The result is a plain dict plus an `Origin` (where each field path was written), so that a
 validation error of toolbox.stack.model names the file and line the user must edit. Public
 API (toolbox.stack.bump uses it too): `Origin`, `read_yaml`, `load_raw`, `apply_overrides`,
-`format_errors`, `field_lines`.
+`apply_values`, `format_errors`, `field_lines`.
 """
 
 from __future__ import annotations
@@ -157,6 +157,15 @@ def apply_overrides(raw: dict, texts: Sequence[str], origin: Origin) -> None:
     follow(before, raw, layer, origin)
 
 
+def apply_values(raw: dict, values: Sequence[tuple[tuple[str, ...], Any]], origin: Origin, src: str) -> None:
+    """Set typed values at field paths (no text to parse: first-use pins), then reset the fields
+    they made stale (FOLLOWS); `src` is what error messages name as their origin."""
+    before, layer = copy.deepcopy(raw), set()
+    for path, value in values:
+        layer |= set_field(raw, path, value, origin, src)
+    follow(before, raw, layer, origin)
+
+
 def apply_override(raw: dict, text: str, origin: Origin) -> set[tuple]:
     """Apply one `--set key.path=value` (value read as YAML, numbers kept as written); returns
     the field paths it set."""
@@ -171,7 +180,11 @@ def apply_override(raw: dict, text: str, origin: Origin) -> set[tuple]:
     # Versions stay strings: `--set hf.trl=1.10` must not become the float 1.1.
     if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
         parsed = value
-    parts = key.split(".")
+    return set_field(raw, tuple(key.split(".")), parsed, origin, src)
+
+
+def set_field(raw: dict, parts: tuple[str, ...], value: Any, origin: Origin, src: str) -> set[tuple]:
+    """Set raw[parts...] = value (creating mappings on the way); returns the field paths it set."""
     node = raw
     for i, part in enumerate(parts[:-1]):
         nxt = node.get(part)
@@ -180,10 +193,10 @@ def apply_override(raw: dict, text: str, origin: Origin) -> set[tuple]:
         if not isinstance(nxt, dict):
             raise UserError(f"{src}: {'.'.join(parts[: i + 1])} is not a mapping")
         node = nxt
-    node[parts[-1]] = parsed
+    node[parts[-1]] = value
     for n in range(1, len(parts) + 1):
         origin.lines[tuple(parts[:n])] = (src, None)
-    return {tuple(parts[:n]) for n in range(1, len(parts))} | key_paths(parsed, tuple(parts))
+    return {tuple(parts[:n]) for n in range(1, len(parts))} | key_paths(value, tuple(parts))
 
 
 def format_errors(exc: ValidationError, origin: Origin) -> str:

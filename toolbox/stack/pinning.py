@@ -12,8 +12,8 @@ build_tools/generate_therock_manifest.py, schema TheRock-Manifest.v1: `submodule
 path/url/commit) must name the same rocm-systems commit as the stack's `rccl.commit`, so RCCL is
 built from the sources of the ROCm that torch was built against.
 
-`first_use_overrides(stack, ...)` returns `--set` overrides that make the stack verified; the
-caller reloads the stack with them (the stack model itself stays untouched).
+`first_use_pins(stack, ...)` returns typed `PinUpdate`s (a field path and its value) that make
+the stack verified; `toolbox.stack.load.with_pins` applies them to the loaded stack.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
@@ -270,19 +271,27 @@ def pin_image(ref: str, *, lock: PinLock, frozen: bool, probe: Probe) -> str:
     return digest
 
 
-def first_use_overrides(stack, *, frozen: bool = False, engine: str = "podman",
-                        ca_bundle: Path | None = None, lock: PinLock | None = None,
-                        probe: Probe | None = None) -> list[str]:
-    """`--set` overrides pinning the stack's unverified tarball, AMD-index wheels and base digest
+@dataclass(frozen=True)
+class PinUpdate:
+    """One field of the stack set by a first-use pin: `path` as in the stack file, `value` typed."""
+
+    path: tuple[str, ...]
+    value: str | bool
+
+
+def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
+                   ca_bundle: Path | None = None, lock: PinLock | None = None,
+                   probe: Probe | None = None) -> list[PinUpdate]:
+    """The updates pinning the stack's unverified tarball, AMD-index wheels and base digest
     (fetching on first use)."""
     lock = lock or PinLock()
-    out: list[str] = []
+    out: list[PinUpdate] = []
     rocm = getattr(stack, "rocm", None)
     if rocm is not None and rocm.source == "tarball" and rocm.tarball.sha256 is None:
         rccl = getattr(stack, "rccl", None)
         sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), lock=lock,
                           frozen=frozen, ca_bundle=ca_bundle)
-        out += [f"rocm.tarball.sha256={sha}", "rocm.tarball.unverified=false"]
+        out += [PinUpdate(("rocm", "tarball", "sha256"), sha), PinUpdate(("rocm", "tarball", "unverified"), False)]
     torch = getattr(stack, "torch", None)
     if torch is not None and stack.platform == "rocm" and torch.index_url:
         # AMD's wheel index: only the user's network reaches it, so its wheels are not in the
@@ -292,9 +301,9 @@ def first_use_overrides(stack, *, frozen: bool = False, engine: str = "podman",
             if version is not None and name not in torch.wheels:
                 ref = pin_wheel(torch.index_url, name, version, python_version(stack), lock=lock,
                                 frozen=frozen, ca_bundle=ca_bundle)
-                out.append(f"torch.wheels.{name}={ref}")
+                out.append(PinUpdate(("torch", "wheels", name), ref))
     base = stack.base
     if base.digest is None and base.unverified:
         digest = pin_image(base.image, lock=lock, frozen=frozen, probe=probe or engine_digest(engine))
-        out += [f"base.digest={digest}", "base.unverified=false"]
+        out += [PinUpdate(("base", "digest"), digest), PinUpdate(("base", "unverified"), False)]
     return out

@@ -25,12 +25,18 @@ class Stack:
 
     locked: "Lock"
 
-    def __init__(self, model: StackModel, source: Path, origin: Origin):
+    def __init__(self, model: StackModel, source: Path, origin: Origin, raw: dict,
+                 derived_from: "Stack | None" = None):
         self.model = model
         self.source = source
         self.origin = origin
-        self.rccl_series: Series | None = self._rccl_series()
-        self.unsloth_patches = self._unsloth_patch_files()
+        self.raw = raw  # the merged YAML before validation: pin updates apply to it, not to the files
+        if derived_from is None:
+            self.rccl_series: Series | None = self._rccl_series()
+            self.unsloth_patches = self._unsloth_patch_files()
+        else:  # pin updates touch no patch field: what the first load read and checked stays
+            self.rccl_series = derived_from.rccl_series
+            self.unsloth_patches = derived_from.unsloth_patches
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
 
