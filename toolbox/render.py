@@ -18,6 +18,7 @@ import jinja2
 from toolbox import components
 from toolbox.components import ContextFile
 from toolbox.errors import ToolError, UserError
+from toolbox.files import write_error
 from toolbox.stack.digest import document as lock_document
 from toolbox.paths import PROJECT_ROOT
 from toolbox.stack.resolved import Stack
@@ -83,9 +84,21 @@ def render_profile(stack: Stack) -> str:
     return _render("scripts/profile.sh.j2", stack=stack)
 
 
+class _CopyFailed(Exception):
+    """An OSError of one file copied by copytree, which would otherwise collect it as text (its
+    errno lost: a full disk would read as bad input)."""
+
+
+def _copy(src: str, dst: str) -> None:
+    try:
+        shutil.copy2(src, dst)
+    except OSError as exc:
+        raise _CopyFailed(exc) from exc
+
+
 def _copytree(src: Path, dst: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", ".pytest_cache")
-    shutil.copytree(src, dst, ignore=ignore, dirs_exist_ok=True)
+    shutil.copytree(src, dst, ignore=ignore, dirs_exist_ok=True, copy_function=_copy)
 
 
 def _place(entry: ContextFile, root: Path, stack: Stack, owner: str) -> None:
@@ -114,7 +127,10 @@ def write_context(stack: Stack, dest: Path) -> Path:
     if not parent.is_dir():
         raise UserError(f"{dest}: folder {parent} does not exist")
     dockerfile = render_dockerfile(stack)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
+    except OSError as exc:
+        raise write_error(dest, exc) from None
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
         (tmp / "stack.lock.yaml").write_text(lock_document(stack.model, stack.locked), encoding="utf-8")
@@ -124,6 +140,9 @@ def write_context(stack: Stack, dest: Path) -> Path:
         if dest.exists():
             dest.rmdir()
         os.replace(tmp, dest)
+    except (OSError, _CopyFailed) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise write_error(dest, exc.args[0] if isinstance(exc, _CopyFailed) else exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

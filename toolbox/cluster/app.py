@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from toolbox.argtypes import container_name, count, image_ref, tcp_port
 from toolbox.cluster import ports
 from toolbox.cluster.hosts import resolve_hosts
 from toolbox.cluster.nodecmd import launch_argv, node_env, substitute, wrap_via
@@ -224,37 +225,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     return rc
 
 
-def _count(text: str) -> int:
-    """argparse type: a whole number of 1 or more (0 processes or iterations cannot run)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, not {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, not {n}")
-    return n
-
-
-def _port(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), not {text!r}") from None
-    if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{n} is not a TCP port (1-65535)")
-    return n
-
-
-def _mib(text: str) -> float:
-    try:
-        n = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size in MiB, not {text!r}") from None
-    if not 0 < n <= 16384:  # nan and inf fail this too
-        raise argparse.ArgumentTypeError(f"expected a size above 0 and at most 16384 MiB, not {text}")
-    return n
-
-
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", help="comma-separated [user@]host[:port]; the first is the master")
     p.add_argument("--hostfile", help="one host per line (addr=IP ifname=IF optional); read before --hosts")
@@ -262,14 +232,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     p.add_argument("--via", choices=("podman", "toolbx", "distrobox", "none"), default="podman",
                    help="run in the image with podman, in an existing toolbx/distrobox container, or bare")
-    p.add_argument("--image", help="image tag for --via podman (must be the same image on every host)")
-    p.add_argument("--container", help="container name for --via toolbx/distrobox")
+    p.add_argument("--image", type=image_ref, help="image tag for --via podman (must be the same image on every host)")
+    p.add_argument("--container", type=container_name, help="container name for --via toolbx/distrobox")
     p.add_argument("--ssh-config", "-F", help="ssh_config file to use instead of ~/.ssh/config")
     p.add_argument("--ssh-option", "-o", action="append", metavar="KEY=VALUE", help="extra ssh -o option (repeatable)")
     p.add_argument("--env", action="append", metavar="NAME",
                    help="forward this variable's value (over SSH stdin, never argv); HF_TOKEN etc. go by default")
-    p.add_argument("--master-port", type=_port, default=29500)
-    p.add_argument("--nproc", type=_count, help="processes per node (default: launch decides, one per GPU)")
+    p.add_argument("--master-port", type=tcp_port, default=29500)
+    p.add_argument("--nproc", type=count, help="processes per node (default: launch decides, one per GPU)")
     p.add_argument("--sync", help="gradient sync: every-step or local-sgd:K (passed to launch)")
     p.add_argument("--cpu", action="store_true", help="train on CPU with gloo (tests, no GPU)")
     p.add_argument("--remote-path", help="directory put first on PATH on every host (e.g. a venv's bin) for --via none")

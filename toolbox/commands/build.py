@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from toolbox.argtypes import image_ref, network_mode
 from toolbox.errors import ToolError, UserError
 
 
@@ -17,14 +18,14 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a stack field, e.g. --set hf.peft=0.21.1 (repeatable)")
     p.add_argument("--engine", choices=["podman", "docker"], help="default: podman if installed, else Docker")
-    p.add_argument("--tag", help="image tag (default localhost/toolbox-STACK:LOCKDIGEST)")
+    p.add_argument("--tag", type=image_ref, help="image tag (default localhost/toolbox-STACK:LOCKDIGEST)")
     p.add_argument("--target", help="build only up to this Dockerfile stage")
     p.add_argument("--no-cache", action="store_true", help="do not reuse cached layers")
     p.add_argument("--ca-bundle", type=Path, metavar="FILE",
                    help="CA bundle for pip/dnf/apt in RUN steps, passed as build secret `ca` (never a layer)")
     p.add_argument("--wheelhouse", type=Path, metavar="DIR",
                    help="folder of wheels pip may install from (find-links), e.g. for air-gapped hosts")
-    p.add_argument("--network", metavar="MODE", help="network mode of RUN steps (e.g. host)")
+    p.add_argument("--network", type=network_mode, metavar="MODE", help="network mode of RUN steps (e.g. host)")
     p.add_argument("--context", type=Path, metavar="DIR",
                    help="write the build context here and keep it (default: a temporary folder)")
     p.add_argument("--allow-unverified", action="store_true", help="build even with pins marked unverified")

@@ -6,6 +6,7 @@ import argparse
 
 
 def register(subparsers) -> None:
+    from toolbox.argtypes import count, size_mib
     from toolbox.cluster import app
 
     p = subparsers.add_parser("cluster", help="multi-node training over SSH (launch, check)")
@@ -22,6 +23,6 @@ def register(subparsers) -> None:
 
     check = sub.add_parser("check", help="SSH, same image, interface/MTU, and an all-reduce across the hosts")
     app.add_common(check)
-    check.add_argument("--size-mib", type=app._mib, default=16.0, help="all-reduce buffer size for the bandwidth figure")
-    check.add_argument("--iters", type=app._count, default=10)
+    check.add_argument("--size-mib", type=size_mib, default=16.0, help="all-reduce buffer size for the bandwidth figure")
+    check.add_argument("--iters", type=count, default=10)
     check.set_defaults(func=app.cmd_check)

@@ -9,13 +9,14 @@ from toolbox.errors import ToolError, UserError
 
 
 def register(sub) -> None:
+    from toolbox.argtypes import container_name
     from toolbox.commands.run import add_target_args
 
     p = sub.add_parser("create", help="create a long-lived toolbx or distrobox container of a stack's image")
     add_target_args(p)
     p.add_argument("--via", choices=["toolbx", "distrobox"], default="distrobox",
                    help="which tool keeps the container (default distrobox)")
-    p.add_argument("--name", help="container name (default toolbox-STACK)")
+    p.add_argument("--name", type=container_name, help="container name (default toolbox-STACK)")
     p.add_argument("--dry-run", action="store_true", help="print the command(s), shell-quoted")
     p.set_defaults(func=run)
 

@@ -18,14 +18,15 @@ LABEL_PREFIX = "io.github.toolbox."
 
 
 def register(sub) -> None:
+    from toolbox.argtypes import container_name, network_mode
     from toolbox.commands.run import add_target_args
 
     p = sub.add_parser("doctor", help="check engine, GPU, image labels vs stack pins; in-container probe")
     add_target_args(p)
     p.add_argument("--engine", choices=["podman", "docker", "toolbx", "distrobox"],
                    help="toolbx/distrobox: check the container named by --name")
-    p.add_argument("--name", help="the toolbx/distrobox container to check")
-    p.add_argument("--network", metavar="MODE", help="container network of the --in-image probe (podman/Docker)")
+    p.add_argument("--name", type=container_name, help="the toolbx/distrobox container to check")
+    p.add_argument("--network", type=network_mode, metavar="MODE", help="container network of the --in-image probe (podman/Docker)")
     p.add_argument("--in-image", action="store_true", help="also run the probe inside the image")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

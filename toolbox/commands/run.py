@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from toolbox.argtypes import container_name, image_ref, network_mode
 from toolbox.errors import ToolError, UserError
 
 
@@ -14,12 +15,12 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=["podman", "docker", "toolbx", "distrobox"],
                    help="default: podman if installed, else Docker; toolbx/distrobox run CMD in the "
                    "existing container named by --name")
-    p.add_argument("--name", help="container name (the existing container for toolbx/distrobox)")
+    p.add_argument("--name", type=container_name, help="container name (the existing container for toolbx/distrobox)")
     p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]", help="extra bind mount")
     p.add_argument("--workspace", type=Path, help="host folder mounted at /workspace (default: current folder)")
     p.add_argument("--hf-cache", type=Path, help="host Hugging Face cache mounted at /hf-cache "
                    "(default: $HF_HOME or ~/.cache/huggingface)")
-    p.add_argument("--network", metavar="MODE", help="container network, e.g. host (multi-node)")
+    p.add_argument("--network", type=network_mode, metavar="MODE", help="container network, e.g. host (multi-node)")
     p.add_argument("--host-network", action="store_const", const="host", dest="network",
                    help="same as --network host")
     p.add_argument("--env", action="append", default=[], metavar="NAME",
@@ -33,7 +34,7 @@ def add_target_args(p) -> None:
     p.add_argument("--stack", help="shipped stack name or path to a stack YAML (default gfx1151)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a stack field (selects the image of that pin set)")
-    p.add_argument("--image", help="image reference (default: the stack's default tag)")
+    p.add_argument("--image", type=image_ref, help="image reference (default: the stack's default tag)")
     p.add_argument("--platform", choices=["rocm", "cuda", "cpu"],
                    help="GPU kind of --image (default: the stack's, or the image's label)")
 

@@ -1,0 +1,171 @@
+"""Every `toolbox` command under the one guard (issue 23): bad input -> exit 2 and one line naming
+the flag or file; a fault (full disk) -> exit 1 and one line; a traceback only with --debug;
+an output is replaced whole or not at all (toolbox.files.atomic_write)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolbox import cli
+from toolbox.errors import ToolError, UserError
+from toolbox.files import atomic_write
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(capsys, *argv: str) -> tuple[int, str]:
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.err
+
+
+def one_line(err: str) -> bool:
+    return err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["render", "--stack", "cpu", "--bogus"], "unrecognized arguments: --bogus"),
+    (["cluster"], "cluster: the following arguments are required: ACTION"),
+    (["build", "--engine", "nope"], "build: argument --engine: invalid choice: 'nope'"),
+    (["build", "--stack", "cpu", "--tag", "Upper Case"], "build: argument --tag: 'Upper Case' is not an image reference"),
+    (["build", "--stack", "cpu", "--tag", "x" * 300], "is not an image reference"),
+    (["build", "--stack", "cpu", "--network", "a b"], "build: argument --network: 'a b' is not a network mode"),
+    (["run", "--image", "", "--", "true"], "run: argument --image: '' is not an image reference"),
+    (["run", "--name", "a;b", "--", "true"], "run: argument --name: 'a;b': use letters"),
+    (["create", "--name", "-x"], "create: argument --name: expected one argument"),
+    (["create", "--name=-x"], "create: argument --name: '-x': use letters"),
+    (["doctor", "--name", "a b"], "doctor: argument --name: 'a b'"),
+    (["cluster", "check", "--hosts", "a", "--image", "A:B"], "cluster check: argument --image: 'A:B'"),
+    (["cluster", "launch", "--hosts", "a", "--container", "x/y", "--", "true"], "argument --container: 'x/y'"),
+])
+def test_usage_errors_are_one_line_naming_the_flag(capsys, argv, needle):
+    code, err = main(capsys, *argv)
+    assert code == 2 and one_line(err) and err.startswith("toolbox: error: ") and needle in err, err
+    assert "--help` shows the usage" in err
+
+
+@pytest.mark.parametrize("ref", ["localhost/toolbox-cpu:abc123", "docker.io/library/debian:bookworm-slim",
+                                 "registry.example:5000/a/b_c.d-e:v1.2", "debian",
+                                 "fedora@sha256:" + "a" * 64, "0123456789ab", "sha256:" + "f" * 64])
+def test_real_image_references_pass(ref):
+    from toolbox.argtypes import image_ref
+
+    assert image_ref(ref) == ref
+
+
+def test_a_message_of_several_lines_becomes_one(monkeypatch, capsys):
+    from toolbox.commands import stacks
+
+    def bad_input(args):
+        raise UserError("first line\n\n   second line  \nthird")
+
+    monkeypatch.setattr(stacks, "run", bad_input)
+    code, err = main(capsys, "stacks")
+    assert code == 2 and err == "toolbox: error: first line; second line; third\n"
+
+    def fault(args):
+        raise ToolError("podman failed:\nError: short-name resolution\n")
+
+    monkeypatch.setattr(stacks, "run", fault)
+    code, err = main(capsys, "stacks")
+    assert code == 1 and err == "toolbox: error: podman failed:; Error: short-name resolution\n"
+
+
+def test_an_os_error_is_a_fault_in_one_line_traceback_only_with_debug(monkeypatch, capsys):
+    from toolbox.commands import stacks
+
+    def disk(args):
+        raise OSError(28, "No space left on device", "/var/tmp/x")
+
+    monkeypatch.setattr(stacks, "run", disk)
+    code, err = main(capsys, "stacks")
+    assert code == 1 and err == "toolbox: error: /var/tmp/x: No space left on device\n"
+    code, err = main(capsys, "--debug", "stacks")
+    assert code == 1 and "Traceback" in err and err.endswith("toolbox: error: /var/tmp/x: No space left on device\n")
+
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "toolbox", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_output_to_a_device_is_written_in_place_not_replaced():
+    r = run("render", "--stack", "cpu", "-o", "/dev/null")
+    assert r.returncode == 0 and Path("/dev/null").is_char_device(), r.stderr
+    # /dev/full: every write fails with ENOSPC, a fault of the machine: exit 1, and the device stays
+    r = run("render", "--stack", "cpu", "-o", "/dev/full")
+    assert r.returncode == 1 and one_line(r.stderr), r.stderr
+    assert "/dev/full: cannot write: No space left on device" in r.stderr
+    assert Path("/dev/full").is_char_device()
+
+
+def test_output_fifo_without_reader_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    r = run("render", "--stack", "cpu", "-o", str(fifo))
+    assert r.returncode == 2 and one_line(r.stderr) and f"{fifo}: a FIFO that nobody reads" in r.stderr
+    # with a reader (opened first, not blocking: the render fits the pipe's buffer) it is written
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        r = run("render", "--stack", "cpu", "-o", str(fifo))
+        got = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    assert r.returncode == 0 and b"\nFROM " in got and fifo.is_fifo(), r.stderr
+
+
+def test_output_through_a_symlink_replaces_the_file_and_keeps_the_link(tmp_path):
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.write_text("old\n")
+    link.symlink_to(real)
+    atomic_write(link, "new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 64 KiB tmpfs: a real full disk for the write paths (root only; CI runs as root)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "tiny"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=True)
+
+
+def test_full_disk_is_a_fault_and_leaves_the_old_output(tiny_fs):
+    old = tiny_fs / "Dockerfile"
+    old.write_bytes(b"# an existing render\n")
+    (tiny_fs / "filler").write_bytes(b"x" * (56 << 10))  # what is left is less than a render
+    r = run("render", "--stack", "cpu", "-o", str(old))
+    assert r.returncode == 1 and one_line(r.stderr), r.stderr
+    assert f"{old}: cannot write: No space left on device" in r.stderr
+    assert old.read_bytes() == b"# an existing render\n"
+    assert sorted(p.name for p in tiny_fs.iterdir()) == ["Dockerfile", "filler"]  # no temp file left
+
+
+def test_full_disk_during_context_leaves_no_folder(tiny_fs):
+    dest = tiny_fs / "ctx"
+    r = run("context", "--stack", "cpu", "-o", str(dest))
+    assert r.returncode == 1 and one_line(r.stderr), r.stderr
+    assert f"{dest}: cannot write: No space left on device" in r.stderr
+    assert list(tiny_fs.iterdir()) == []
+
+
+def test_unwritable_places_are_bad_input(tmp_path):
+    r = run("context", "--stack", "cpu", "-o", "/proc/toolbox-ctx")
+    assert r.returncode == 2 and one_line(r.stderr) and "/proc/toolbox-ctx: cannot write" in r.stderr
+    r = run("render", "--stack", "cpu", "-o", str(tmp_path))
+    assert r.returncode == 2 and one_line(r.stderr) and f"{tmp_path}: is a directory" in r.stderr
