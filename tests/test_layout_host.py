@@ -125,3 +125,35 @@ def test_the_stack_package_imports_no_command_and_no_component_imports_the_loade
     assert not {t for m in stack_mods for t in graph[m] if t.startswith("toolbox.commands")}
     comps = [m for m in graph if m.startswith("toolbox.components")]
     assert not {t for m in comps for t in graph[m] if t in ("toolbox.stack.load", "toolbox.stack.bump")}
+
+
+def test_shared_host_options_are_declared_once():
+    # --stack and --set mean the same in every command: toolbox/commands/options.py declares them.
+    import argparse
+
+    from toolbox import cli
+
+    literal = {}
+    for path in sorted((ROOT / "toolbox").rglob("*.py")):
+        if path.name == "options.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in ("--stack", "--set"):
+                literal.setdefault(node.value, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not literal, f"declared outside toolbox/commands/options.py: {literal}"
+
+    seen = {}
+
+    def walk(parser: argparse.ArgumentParser, prog: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{prog} {name}")
+            elif {"--stack", "--set"} & set(action.option_strings):
+                seen.setdefault(action.option_strings[0], set()).add((action.dest, action.metavar, type(action).__name__))
+                seen.setdefault(action.option_strings[0] + " commands", set()).add(prog)
+
+    walk(cli.build_parser(), "toolbox")
+    assert seen["--stack"] == {("stack", "NAME|PATH", "_StoreAction")}
+    assert seen["--set"] == {("overrides", "KEY.PATH=VALUE", "_AppendAction")}
+    assert len(seen["--stack commands"]) >= 9 and len(seen["--set commands"]) >= 7

@@ -11,6 +11,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent  # the checkout (or the installed tree): dockerfiles/, entrypoints/
 STACKS_DIR = PACKAGE_DIR / "stacks"  # the shipped stacks and their Python locks
+DEFAULT_STACK = "gfx1151"  # the shipped stack a command uses when none is named
 
 
 def state_dir() -> Path:

@@ -9,14 +9,14 @@ import tempfile
 from pathlib import Path
 
 from toolbox.argtypes import image_ref, network_mode
+from toolbox.commands.options import add_set, add_stack
 from toolbox.errors import ToolError, UserError
 
 
 def register(sub) -> None:
     p = sub.add_parser("build", help="render a stack and build its image (podman or Docker)")
-    p.add_argument("--stack", help="shipped stack name or path to a stack YAML (default gfx1151)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a stack field, e.g. --set hf.peft=0.21.1 (repeatable)")
+    add_stack(p)
+    add_set(p)
     p.add_argument("--engine", choices=["podman", "docker"], help="default: podman if installed, else Docker")
     p.add_argument("--tag", type=image_ref, help="image tag (default localhost/toolbox-STACK:LOCKDIGEST)")
     p.add_argument("--target", help="build only up to this Dockerfile stage")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from toolbox.stack.bump import COMPONENTS, bump
+from toolbox.commands.options import add_stack
 from toolbox.errors import ToolError, UserError
+from toolbox.stack.bump import COMPONENTS, bump
 
 
 def run(args) -> int:
@@ -32,7 +33,7 @@ def _relock(stack_ref) -> None:
 def register(sub) -> None:
     p = sub.add_parser("bump", help="resolve a new release of a component and rewrite the stack's pins")
     p.add_argument("component", choices=COMPONENTS)
-    p.add_argument("--stack", metavar="NAME|PATH", default=None, help="stack to edit (default gfx1151)")
+    add_stack(p, "the one to edit; default {default}")
     p.add_argument("--to", metavar="VERSION|REF|latest", default=None, help="a version, git ref or image tag")
     p.add_argument("--index-url", default=None, help="rocm: the tarball index page (default: the pinned URL's folder); torch: the pip index (default torch.index_url)")
     p.add_argument("--registry-url", default=None, help="base: registry base URL (default https://<registry host>)")

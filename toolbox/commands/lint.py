@@ -8,9 +8,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from toolbox.commands.options import add_set, add_stack
 from toolbox.errors import ToolError
-from toolbox.render import render_dockerfile
 from toolbox.paths import PROJECT_ROOT
+from toolbox.render import render_dockerfile
 from toolbox.stack.load import load_stack, stack_names
 
 
@@ -56,6 +57,6 @@ def run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("lint", help="render stacks and check them with hadolint and a Dockerfile parser")
-    p.add_argument("--stack", metavar="NAME|PATH", default=None, help="one stack (default: every shipped stack)")
-    p.add_argument("--set", dest="overrides", metavar="KEY.PATH=VALUE", action="append", default=[])
+    add_stack(p, "default: every shipped stack")
+    add_set(p)
     p.set_defaults(func=run)

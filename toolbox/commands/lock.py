@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from toolbox.commands.options import add_set, add_stack
 from toolbox.errors import UserError
 
 
@@ -48,9 +49,8 @@ def run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("lock", help="resolve a stack's whole Python set into its hashed lock (uv)")
-    p.add_argument("--stack", metavar="NAME|PATH", default=None, help="shipped stack name or a YAML file (default gfx1151)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="lock this pin set instead (into your state folder, where `build --set` finds it)")
+    add_stack(p)
+    add_set(p, "lock this pin set instead: into your state folder, where `build --set` finds it")
     p.add_argument("--find-links", type=Path, action="append", default=[], metavar="DIR",
                    help="folder of local wheels (default: PIP_FIND_LINKS), hashed from the files")
     p.add_argument("--upgrade", action="store_true", help="newest allowed versions of the unpinned dependencies")

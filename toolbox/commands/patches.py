@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from toolbox.commands.options import add_stack
 from toolbox.errors import UserError
 from toolbox.rccl.patches import format_report, parse_series, verify
 
@@ -52,8 +53,7 @@ def register(sub) -> None:
                    help="any git clone of the upstream repo that contains the commit")
     v.add_argument("--series", metavar="FILE|DIR", default=None,
                    help="a series file, or a folder holding one (default: the --stack's rccl.patches)")
-    v.add_argument("--stack", metavar="NAME|PATH", default=None,
-                   help="take the series and commit from this stack (default gfx1151 when --series is not given)")
+    add_stack(v, "take the series and commit from it; default {default} when --series is not given")
     v.add_argument("--commit", metavar="SHA", default=None,
                    help="verify against this commit instead of the series' base-commit / the stack's rccl.commit")
     v.add_argument("--keep", metavar="DIR", default=None,

@@ -5,15 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from toolbox.commands.options import add_stack_and_set
 from toolbox.files import atomic_write
 from toolbox.render import render_dockerfile, write_context
 from toolbox.stack.load import load_stack
-
-
-def add_stack_args(p) -> None:
-    p.add_argument("--stack", metavar="NAME|PATH", default=None, help="shipped stack name or a YAML file (default gfx1151)")
-    p.add_argument("--set", dest="overrides", metavar="KEY.PATH=VALUE", action="append", default=[],
-                   help="override a stack field, validated like the file (repeatable)")
 
 
 def run_render(args) -> int:
@@ -35,10 +30,10 @@ def run_context(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("render", help="render a stack's Dockerfile")
-    add_stack_args(p)
+    add_stack_and_set(p)
     p.add_argument("--output", "-o", metavar="FILE", help="write here (atomically) instead of stdout")
     p.set_defaults(func=run_render)
     c = sub.add_parser("context", help="write a stack's whole build context into a new folder")
-    add_stack_args(c)
+    add_stack_and_set(c)
     c.add_argument("--output", "-o", metavar="DIR", required=True, help="folder to create (must not exist, or be empty)")
     c.set_defaults(func=run_context)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from toolbox.argtypes import container_name, image_ref, network_mode
+from toolbox.commands.options import add_set, add_stack
 from toolbox.errors import ToolError, UserError
 
 
@@ -31,9 +32,8 @@ def register(sub) -> None:
 
 
 def add_target_args(p) -> None:
-    p.add_argument("--stack", help="shipped stack name or path to a stack YAML (default gfx1151)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a stack field (selects the image of that pin set)")
+    add_stack(p)
+    add_set(p, "selects the image of that pin set")
     p.add_argument("--image", type=image_ref, help="image reference (default: the stack's default tag)")
     p.add_argument("--platform", choices=["rocm", "cuda", "cpu"],
                    help="GPU kind of --image (default: the stack's, or the image's label)")

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from toolbox import components
 from toolbox.errors import UserError
-from toolbox.paths import STACKS_DIR
+from toolbox.paths import DEFAULT_STACK, STACKS_DIR
 from toolbox.stack import digest
 from toolbox.stack.loader import Origin, apply_overrides, apply_values, format_errors, load_raw
 from toolbox.stack.model import StackModel
@@ -28,8 +28,6 @@ from toolbox.stack.resolved import Stack
 
 if TYPE_CHECKING:
     from toolbox.stack.pinning import PinUpdate
-
-DEFAULT_STACK = "gfx1151"
 
 
 def stack_names() -> list[str]:
