@@ -31,7 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(autouse=True, scope="session")
 def _user_state(tmp_path_factory):
-    """toolbox's first-use pin lock and download cache (toolbox.stack.pinning) go to a session folder,
+    """toolbox's first-use pins file and download cache (toolbox.stack.pinning) go to a session folder,
     never the developer's ~/.local/state or ~/.cache."""
     d = tmp_path_factory.mktemp("user-state")
     os.environ.setdefault("TOOLBOX_STATE_DIR", str(d / "state"))

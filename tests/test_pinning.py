@@ -207,13 +207,13 @@ def test_base_digest_pinned_on_first_use(tmp_path, user):
         calls.append(ref)
         return "sha256:" + "d" * 64
 
-    lock = pinning.PinLock()
+    lock = pinning.PinsFile()
     ref = "registry.fedoraproject.org/fedora:43"
     with pytest.raises(UserError, match="--frozen"):
-        pinning.pin_image(ref, lock=lock, frozen=True, probe=probe)
-    assert pinning.pin_image(ref, lock=lock, frozen=False, probe=probe) == "sha256:" + "d" * 64
-    again = pinning.PinLock()  # read back from the file
-    assert pinning.pin_image(ref, lock=again, frozen=True, probe=probe) == "sha256:" + "d" * 64
+        pinning.pin_image(ref, pins_file=lock, frozen=True, probe=probe)
+    assert pinning.pin_image(ref, pins_file=lock, frozen=False, probe=probe) == "sha256:" + "d" * 64
+    again = pinning.PinsFile()  # read back from the file
+    assert pinning.pin_image(ref, pins_file=again, frozen=True, probe=probe) == "sha256:" + "d" * 64
     assert calls == [ref]
     assert str(tmp_path / "state") in str(again.path)
 
@@ -221,7 +221,7 @@ def test_base_digest_pinned_on_first_use(tmp_path, user):
 def test_state_lives_outside_the_package(monkeypatch, tmp_path):
     monkeypatch.delenv("TOOLBOX_STATE_DIR", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    assert pinning.PinLock().path == tmp_path / "xdg" / "toolbox" / "pins.lock.json"
+    assert pinning.PinsFile().path == tmp_path / "xdg" / "toolbox" / "pins.lock.json"
 
 
 def test_first_use_pins_are_typed_updates_applied_without_reading_the_stack_again(tmp_path, server, user, monkeypatch):
@@ -250,4 +250,4 @@ def test_first_use_pins_are_typed_updates_applied_without_reading_the_stack_agai
     monkeypatch.undo()
     # the same stack as the --set route of before, digest included
     again = load_stack(str(path), ["hf.peft=0.17.1", f"rocm.tarball.sha256={want}", "rocm.tarball.unverified=false"])
-    assert pinned.model == again.model and pinned.lock_digest() == again.lock_digest()
+    assert pinned.model == again.model and pinned.digest() == again.digest()

@@ -1,6 +1,6 @@
 """First-use pinning of the wheels only AMD's index serves (issue 12, item 4), against a real
 PEP 503 index on 127.0.0.1: the first build finds each wheel and records its sha256 in the user's
-pin lock, later builds reuse it without asking the index, `--frozen` refuses what is not locked,
+pins file, later builds reuse it without asking the index, `--frozen` refuses what is not locked,
 and the rendered requirement makes pip itself refuse other bytes."""
 
 from __future__ import annotations

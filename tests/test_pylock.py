@@ -53,7 +53,7 @@ def test_render_installs_with_require_hashes_in_two_steps():
     assert re.search(r"^torch==", torch_part, re.M) and not re.search(r"^transformers==", torch_part, re.M)
     assert re.search(r"^transformers==", everything, re.M)
     sha = hashlib.sha256(pylock.current(stack).read_bytes()).hexdigest()
-    assert stack.lock()["python.lock.sha256"] == sha  # a pin: part of the lock digest, the tag
+    assert stack.pins()["python.lock.sha256"] == sha  # a pin: part of the lock digest, the tag
 
 
 def _cli(*args: str, tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -63,14 +63,14 @@ def _cli(*args: str, tmp_path: Path, env: dict | None = None) -> subprocess.Comp
 
 def test_moved_pins_are_refused_or_built_unlocked_with_a_warning(tmp_path):
     stack = load_stack("cpu", ["hf.peft=0.18.1"])
-    assert pylock.current(stack) is None and "python.lock.sha256" not in stack.lock()
+    assert pylock.current(stack) is None and "python.lock.sha256" not in stack.pins()
     # torch's pins did not move: its step stays locked (and its cached layer valid), the rest is not
     text = render_dockerfile(stack)
     assert text.count("--require-hashes") == 1 and "python-lock/torch.txt" in text and "peft==0.18.1" in text
-    assert stack.lock()["python.lock.torch.sha256"] == load_stack("cpu").lock()["python.lock.torch.sha256"]
+    assert stack.pins()["python.lock.torch.sha256"] == load_stack("cpu").pins()["python.lock.torch.sha256"]
     moved = load_stack("cpu", ["torch.torch=2.12.0+cpu"])
     assert pylock.torch_current(moved) is None and "--require-hashes" not in render_dockerfile(moved)
-    assert stack.lock_digest() != load_stack("cpu").lock_digest()
+    assert stack.digest() != load_stack("cpu").digest()
     build = ("build", "--stack", "cpu", "--set", "hf.peft=0.18.1", "--engine", "podman", "--dry-run")
     cp = _cli(*build, tmp_path=tmp_path)
     assert cp.returncode == 2 and cp.stdout == "" and not list(tmp_path.iterdir())  # refused before anything
@@ -99,7 +99,7 @@ def test_a_set_pin_set_locked_into_the_user_state_is_used(tmp_path, monkeypatch)
     user.write_text(text.replace("peft==0.21.2", "peft==0.21.1"))
     again = load_stack("cpu", ["hf.peft=0.21.1"])
     assert pylock.current(again) == user and pylock.check(again, "cpu", ["hf.peft=0.21.1"]) is None
-    assert again.lock()["python.lock.sha256"] == hashlib.sha256(user.read_bytes()).hexdigest()
+    assert again.pins()["python.lock.sha256"] == hashlib.sha256(user.read_bytes()).hexdigest()
     assert "--require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt" in render_dockerfile(again)
     assert pylock.current(load_stack("cpu")) == pylock.lock_path(stack)
 
@@ -136,10 +136,10 @@ def test_one_changed_hash_is_another_tag(tmp_path):
     lock = (STACKS_DIR / "cpu.pylock.txt").read_text()
     (tmp_path / "cpu.pylock.txt").write_text(lock)
     same = load_stack(str(tmp_path / "cpu.yaml"))
-    assert same.lock_digest() == load_stack("cpu").lock_digest()
+    assert same.digest() == load_stack("cpu").digest()
     good = re.search(r"(?m)^numpy==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", lock)[1]
     (tmp_path / "cpu.pylock.txt").write_text(lock.replace(good, good[::-1], 1))
-    assert load_stack(str(tmp_path / "cpu.yaml")).lock_digest() != same.lock_digest()
+    assert load_stack(str(tmp_path / "cpu.yaml")).digest() != same.digest()
 
 
 @pytest.mark.skipif(not (shutil.which("uv") or (Path(sys.executable).parent / "uv").exists()), reason="uv (test extra)")

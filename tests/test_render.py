@@ -111,8 +111,8 @@ def test_labels_one_per_pin():
     pairs = {k: json.loads(v) for k, v in zip(label.value[::2], label.value[1::2])}
     assert pairs["com.github.containers.toolbox"] == "true"
     assert pairs["io.github.toolbox.stack"] == "gfx1151"
-    assert pairs["io.github.toolbox.lock-digest"] == s.lock_digest()
-    for pin, value in s.lock().items():
+    assert pairs["io.github.toolbox.lock-digest"] == s.digest()
+    for pin, value in s.pins().items():
         assert pairs[f"io.github.toolbox.{pin}"] == value
     assert pairs["io.github.toolbox.unsloth.commit"] == "015bdef0d94a241bcd94eec7a405b1700632180d"
     assert any(k.startswith("org.opencontainers.image.") for k in pairs)
@@ -135,7 +135,7 @@ def test_context_contents(tmp_path):
     ctx = write_context(s, tmp_path / "ctx")
     assert (ctx / "Dockerfile").read_text() == render_dockerfile(s)
     lock = yaml.safe_load((ctx / "stack.lock.yaml").read_text())
-    assert lock["stack"] == "cpu" and lock["lock_digest"] == s.lock_digest() and lock["pins"] == s.lock()
+    assert lock["stack"] == "cpu" and lock["lock_digest"] == s.digest() and lock["pins"] == s.pins()
     for f in ("fetch-archive.sh", "fetch-file.sh", "git-fetch.sh", "apply-patches.sh", "pip.sh", "os-install.sh"):
         assert (ctx / "scripts" / f).is_file()
     assert (ctx / "entrypoints" / "pyproject.toml").is_file()

@@ -59,7 +59,7 @@ def test_rocm_from_source(tmp_path):
     assert text.index("THEROCK_ENABLE_CORE_RUNTIME=ON") < text.index("THEROCK_ENABLE_HIPIFY=ON") < text.index("THEROCK_ENABLE_RCCL=ON")
     assert "COPY --from=rocm-build /opt/rocm /opt/rocm" in text
     assert '-DBNB_ROCM_ARCH="gfx1100"' in text
-    assert s.lock()["rocm.therock.commit"] == COMMIT
+    assert s.pins()["rocm.therock.commit"] == COMMIT
 
 
 def test_rocm_source_needs_therock_block(tmp_path):
@@ -76,13 +76,13 @@ def test_rccl_series_applied_only_when_asked(tmp_path):
     text = render_dockerfile(s)
     lint(tmp_path, text)
     assert "RUN /opt/toolbox/scripts/apply-patches.sh /src/rocm-systems --series /src/rccl-patches/gfx1151" in text
-    assert len(s.lock()["rccl.patches.sha256"]) == 64
+    assert len(s.pins()["rccl.patches.sha256"]) == 64
     ctx = write_context(s, tmp_path / "ctx")
     assert (ctx / "rccl-patches" / "gfx1151" / "series").is_file()
     assert (ctx / "scripts" / "rccl-abi-check.py").is_file()
     # the context's series is the one the digest was computed over
-    assert load_stack("gfx1151", [f"rccl.commit={COMMIT}", f"rccl.patches={ctx / 'rccl-patches' / 'gfx1151'}"]).lock()[
-        "rccl.patches.sha256"] == s.lock()["rccl.patches.sha256"]
+    assert load_stack("gfx1151", [f"rccl.commit={COMMIT}", f"rccl.patches={ctx / 'rccl-patches' / 'gfx1151'}"]).pins()[
+        "rccl.patches.sha256"] == s.pins()["rccl.patches.sha256"]
 
 
 def test_rccl_series_outside_repo_is_carried(tmp_path):

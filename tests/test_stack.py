@@ -40,14 +40,14 @@ def test_shipped_stacks_load():
 
 def test_lock_and_digest():
     s = load_stack("cpu")
-    lock = s.lock()
+    lock = s.pins()
     assert lock["torch.version"] == "2.13.0+cpu"
     assert lock["transformers.version"] == "5.17.0"
     assert list(lock) == sorted(lock)
-    d = s.lock_digest()
+    d = s.digest()
     assert len(d) == 12 and int(d, 16) >= 0
-    assert load_stack("cpu", ["hf.trl=1.14.0"]).lock_digest() != d
-    assert load_stack("cpu").lock_digest() == d
+    assert load_stack("cpu", ["hf.trl=1.14.0"]).digest() != d
+    assert load_stack("cpu").digest() == d
 
 
 def test_unverified_pins_listed():

@@ -30,7 +30,7 @@ COMMANDS = {
     "create": ("create", "create a long-lived toolbx or distrobox container of a stack's image"),
     "doctor": ("doctor", "check engine, GPU, image labels vs stack pins; in-container probe"),
     "lint": ("lint", "render stacks and check them with hadolint and a Dockerfile parser"),
-    "lock": ("lock", "resolve a stack's whole Python set into its hashed lock (uv)"),
+    "lock": ("lock", "resolve a stack's whole Python set into its Python lock (uv, every file hashed)"),
     "patches": ("patches", "patch series (RCCL for gfx1151)"),
     "render": ("render", "render a stack's Dockerfile"),
     "run": ("run", "run CMD in a stack's image (GPU devices, mounts, env by name)"),

@@ -54,13 +54,13 @@ def _context(stack: Stack) -> dict:
         builders.append(c.builder)
     variables = {
         "stack": stack,
-        "lock_digest": stack.locked.digest,
+        "lock_digest": stack.digest(),
         "builders": builders,
         "runtimes": [c.runtime for c in active if c.runtime],
     }
     owner: dict[str, str] = {}
     for c in active:
-        for key, value in c.variables(stack, stack.locked).items():
+        for key, value in c.variables(stack, stack.pin_set).items():
             if key in RESERVED or key in owner:
                 raise ToolError(f"component {c.name}: template variable {key!r} is already "
                                 f"{'render' if key in RESERVED else owner[key]}'s")
@@ -133,7 +133,7 @@ def write_context(stack: Stack, dest: Path) -> Path:
         raise write_error(dest, exc) from None
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
-        (tmp / "stack.lock.yaml").write_text(lock_document(stack.model, stack.locked), encoding="utf-8")
+        (tmp / "stack.lock.yaml").write_text(lock_document(stack.model, stack.pin_set), encoding="utf-8")
         for c in components.active(stack):
             for entry in c.context(stack):
                 _place(entry, tmp, stack, c.name)

@@ -57,5 +57,5 @@ def test_rccl_build_switches_change_the_tag(field):
     """An image with SMI linked (or rccl-tests built) is another image: another lock digest and label."""
     base = load_stack("gfx1151")
     flipped = load_stack("gfx1151", [f"rccl.{field}={str(not getattr(base.rccl, field)).lower()}"])
-    assert flipped.lock_digest() != base.lock_digest()
-    assert flipped.lock()[f"rccl.{field}"] != base.lock()[f"rccl.{field}"]
+    assert flipped.digest() != base.digest()
+    assert flipped.pins()[f"rccl.{field}"] != base.pins()[f"rccl.{field}"]

@@ -18,7 +18,7 @@ def register(sub) -> None:
     add_stack(p)
     add_set(p)
     p.add_argument("--engine", choices=["podman", "docker"], help="default: podman if installed, else Docker")
-    p.add_argument("--tag", type=image_ref, help="image tag (default localhost/toolbox-STACK:LOCKDIGEST)")
+    p.add_argument("--tag", type=image_ref, help="image tag (default localhost/toolbox-STACK:DIGEST)")
     p.add_argument("--target", help="build only up to this Dockerfile stage")
     p.add_argument("--no-cache", action="store_true", help="do not reuse cached layers")
     p.add_argument("--ca-bundle", type=Path, metavar="FILE",
@@ -30,7 +30,7 @@ def register(sub) -> None:
                    help="write the build context here and keep it (default: a temporary folder)")
     p.add_argument("--allow-unverified", action="store_true", help="build even with pins marked unverified")
     p.add_argument("--frozen", action="store_true",
-                   help="refuse pins not yet locked (no first-use pinning; for CI and releases)")
+                   help="refuse what is not pinned yet (no first-use pinning; for CI and releases)")
     p.add_argument("--unlocked", action="store_true",
                    help="build although the stack's Python lock is for other pins (those install unhashed)")
     p.add_argument("--dry-run", action="store_true", help="print the engine commands, shell-quoted; build nothing")
@@ -92,7 +92,7 @@ def run(args) -> int:
     lock_warning = pylock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
     engine = get_engine(args.engine)
     if not args.allow_unverified or args.frozen:
-        # The ROCm tarball's sha256 / base digest: from the user's pin lock, else fetched once now.
+        # The ROCm tarball's sha256 / base digest: from the user's pins file, else fetched once now.
         pins = pinning.first_use_pins(stack, frozen=args.frozen, engine=engine.name, ca_bundle=args.ca_bundle)
         if pins:
             stack = with_pins(stack, pins)  # typed updates: the files and --set are not read again
@@ -144,8 +144,8 @@ def run(args) -> int:
     print(f"image:  {result.tag}")
     print(f"id:     {result.image_id[:12]}")
     print(f"size:   {human_size(result.size)}")
-    print(f"stack:  {stack.name} (lock digest {stack.lock_digest()})")
+    print(f"stack:  {stack.name} (digest {stack.digest()})")
     print("pins:")
-    for key, value in stack.lock().items():
+    for key, value in stack.pins().items():
         print(f"  {key} = {value}")
     return 0

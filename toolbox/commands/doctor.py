@@ -42,11 +42,11 @@ def label_checks(labels: dict, stack) -> list:
     from toolbox_train.doctor import Check
 
     out = []
-    lock = stack.lock()
+    lock = stack.pins()
     if labels.get(LABEL_PREFIX + "stack") != stack.name:
         out.append(Check("label stack", "fail", f"image says {labels.get(LABEL_PREFIX + 'stack')!r}, stack is {stack.name!r}",
                          f"build the image of this stack: toolbox build --stack {stack.name}"))
-    want_digest = stack.lock_digest()
+    want_digest = stack.digest()
     have_digest = labels.get(LABEL_PREFIX + "lock-digest")
     out.append(Check("label lock-digest", "ok" if have_digest == want_digest else "fail",
                      f"image {have_digest}, stack {want_digest}",

@@ -48,7 +48,7 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("lock", help="resolve a stack's whole Python set into its hashed lock (uv)")
+    p = sub.add_parser("lock", help="resolve a stack's whole Python set into its Python lock (uv, every file hashed)")
     add_stack(p)
     add_set(p, "lock this pin set instead: into your state folder, where `build --set` finds it")
     p.add_argument("--find-links", type=Path, action="append", default=[], metavar="DIR",

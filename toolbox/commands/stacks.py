@@ -14,7 +14,7 @@ def _short(value: str) -> str:
 def run(args) -> int:
     for name in stack_names():
         s = load_stack(name)
-        lock = s.lock()
+        lock = s.pins()
         pins = " ".join(f"{k.split('.')[0]}={_short(lock[k])}" for k in KEY_PINS if k in lock)
         flag = f" unverified={','.join(s.unverified_pins())}" if s.unverified_pins() else ""
         print(f"{name}\t{s.base_image}\t{pins}{flag}")

@@ -16,7 +16,7 @@ A component module defines `COMPONENT = Component(...)` with:
 - `runtime`: a template rendering its steps in the runtime stage (copying builder results in).
 - `needs_devel(stack) -> bool`: its builder stage starts `FROM devel` (compilers); render puts
   the shared devel stage right before the first builder stage that needs it.
-- `variables(stack, lock) -> dict`: template variables its templates use. Names must not clash
+- `variables(stack, pin_set) -> dict`: template variables its templates use. Names must not clash
   with another component's (render refuses a clash); `stack`, `lock_digest`, `builders` and
   `runtimes` are render's own.
 - `context(stack) -> [ContextFile]`: what it puts into the build context besides the
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # neither imports toolbox.components: no circle
-    from toolbox.stack.digest import Lock
+    from toolbox.stack.digest import PinSet
     from toolbox.stack.resolved import Stack
 
 
@@ -64,7 +64,7 @@ class Component:
     runtime: str | None = None
     builds: Callable[["Stack"], bool] = lambda s: True
     needs_devel: Callable[["Stack"], bool] = lambda s: False
-    variables: Callable[["Stack", "Lock"], dict[str, Any]] = _none
+    variables: Callable[["Stack", "PinSet"], dict[str, Any]] = _none
     context: Callable[["Stack"], list[ContextFile]] = lambda s: []
 
 

@@ -56,7 +56,7 @@ def _pins(stack):
     return pins
 
 
-def _variables(stack, lock):
+def _variables(stack, pin_set):
     return {
         "packages": {k: os_packages(stack, k) for k in ("runtime", "toolbx", "devel")},
         "python": "python3" if stack.base.family == "debian" else stack.base.python,

@@ -27,5 +27,5 @@ COMPONENT = Component(
     "bitsandbytes", applies=lambda s: s.bitsandbytes is not None and s.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
     builds=_built, needs_devel=_built,
-    variables=lambda s, lock: {"bnb_rocm_lib": rocm_library(s)},
+    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s)},
 )

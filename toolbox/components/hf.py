@@ -14,4 +14,4 @@ def _pins(stack):
 
 
 COMPONENT = Component("hf", applies=lambda s: True, pins=_pins, runtime="runtime/hf.j2",
-                      variables=lambda s, lock: {"hf_reqs": requirements(s)})
+                      variables=lambda s, pin_set: {"hf_reqs": requirements(s)})

@@ -1,9 +1,9 @@
-"""Labels at the very end: OCI, toolbx, the stack and lock digest, one per pin."""
+"""Labels at the very end: OCI, toolbx, the stack and its digest, one per pin."""
 
 from toolbox.components import Component
 
 
-def labels(stack, lock) -> dict[str, str]:
+def labels(stack, pin_set) -> dict[str, str]:
     img = stack.image
     out = {
         "com.github.containers.toolbox": "true",
@@ -12,18 +12,18 @@ def labels(stack, lock) -> dict[str, str]:
         "org.opencontainers.image.source": img.source,
         "org.opencontainers.image.title": f"{img.title}-{stack.name}",
         "org.opencontainers.image.vendor": img.vendor,
-        "org.opencontainers.image.version": lock.digest,
+        "org.opencontainers.image.version": pin_set.digest,
         "io.github.toolbox.stack": stack.name,
-        "io.github.toolbox.lock-digest": lock.digest,
+        "io.github.toolbox.lock-digest": pin_set.digest,
         "io.github.toolbox.platform": stack.platform,
     }
     if stack.base.digest:
         out["org.opencontainers.image.base.digest"] = stack.base.digest
     out["org.opencontainers.image.base.name"] = stack.base.image
-    for pin, value in lock.pins.items():
+    for pin, value in pin_set.pins.items():
         out[f"io.github.toolbox.{pin}"] = value
     return dict(sorted(out.items()))
 
 
 COMPONENT = Component("labels", applies=lambda s: True, pins=lambda s: {"platform": s.platform},
-                      runtime="runtime/labels.j2", variables=lambda s, lock: {"labels": labels(s, lock)})
+                      runtime="runtime/labels.j2", variables=lambda s, pin_set: {"labels": labels(s, pin_set)})

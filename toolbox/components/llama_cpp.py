@@ -43,7 +43,7 @@ def cmake_flags(stack) -> list[str]:
 RUNTIME_PACKAGES = {"debian": ["libgomp1"], "fedora": ["libgomp"]}
 
 
-def _variables(stack, lock):
+def _variables(stack, pin_set):
     return {"llama_cpp_flags": cmake_flags(stack), "llama_cpp_targets": list(TARGETS),
             "llama_cpp_packages": RUNTIME_PACKAGES[stack.base.family]}
 

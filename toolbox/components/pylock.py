@@ -37,5 +37,5 @@ def _context(stack):
 
 
 COMPONENT = Component("pylock", applies=lambda s: True, pins=_pins, context=_context,
-                      variables=lambda s, lock: {"python_lock_torch": "python.lock.torch.sha256" in lock.pins,
-                                                 "python_lock": "python.lock.sha256" in lock.pins})
+                      variables=lambda s, pin_set: {"python_lock_torch": "python.lock.torch.sha256" in pin_set.pins,
+                                                 "python_lock": "python.lock.sha256" in pin_set.pins})

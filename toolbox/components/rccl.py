@@ -45,5 +45,5 @@ def _context(stack):
 COMPONENT = Component(
     "rccl", applies=lambda s: s.rccl is not None, pins=_pins,
     builder="stages/rccl.j2", runtime="runtime/rccl.j2", needs_devel=lambda s: True,
-    variables=lambda s, lock: {"rccl_series": series_in_context(s)}, context=_context,
+    variables=lambda s, pin_set: {"rccl_series": series_in_context(s)}, context=_context,
 )

@@ -18,7 +18,7 @@ def _pins(stack):
     return pins
 
 
-def _variables(stack, lock):
+def _variables(stack, pin_set):
     stage = "rocm-fetch" if stack.rocm.source == "tarball" else "rocm-build"
     return {"rocm_stage": stage, "rocm_layout": TARBALL_LAYOUT}
 

@@ -56,5 +56,5 @@ COMPONENT = Component("torch", applies=lambda s: True, pins=_pins, runtime="runt
                       # Quoted for the RUN shell: a [device-...] extra is a glob pattern there.
                       # torch_reqs: what later pip steps repeat to keep torch as it is (versions: already
                       # satisfied); torch_install_reqs: what the torch step installs (pinned wheel URLs).
-                      variables=lambda s, lock: {"torch_reqs": [shlex.quote(r) for r in requirements(s)],
+                      variables=lambda s, pin_set: {"torch_reqs": [shlex.quote(r) for r in requirements(s)],
                                                  "torch_install_reqs": [shlex.quote(r) for r in install_requirements(s)]})

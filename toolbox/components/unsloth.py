@@ -43,7 +43,7 @@ def _requirements(stack) -> tuple[list[str], list[str]]:
     return [f'"unsloth{extras}=={u.version}"', f"unsloth_zoo=={u.zoo_version}"], []
 
 
-def _variables(stack, lock):
+def _variables(stack, pin_set):
     reqs, wheels = _requirements(stack)
     return {"unsloth_reqs": reqs, "unsloth_wheels": wheels, "unsloth_patches": patches(stack)}
 

@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Lock:
+class PinSet:
+    """Every pin of a stack, their digest and the pins marked unverified."""
+
     pins: dict[str, str]
-    digest: str  # 12 hex: the image tag and the lock-digest label
+    digest: str  # 12 hex: the image tag (and the image's io.github.toolbox.lock-digest label)
     unverified: tuple[str, ...]
 
 
@@ -42,22 +44,22 @@ def unverified_paths(model: BaseModel) -> list[str]:
     return sorted(out)
 
 
-def compute(model: "StackModel", pins: dict[str, str]) -> Lock:
+def compute(model: "StackModel", pins: dict[str, str]) -> PinSet:
     """The digest of the stack's pins (toolbox.components.pins(stack) collects them)."""
     pins = dict(sorted(pins.items()))
     blob = json.dumps({"stack": model.name, "pins": pins}, sort_keys=True).encode()
-    return Lock(pins=pins, digest=hashlib.sha256(blob).hexdigest()[:12],
+    return PinSet(pins=pins, digest=hashlib.sha256(blob).hexdigest()[:12],
                 unverified=tuple(unverified_paths(model)))
 
 
-def document(model: "StackModel", lock: Lock) -> str:
+def document(model: "StackModel", pin_set: PinSet) -> str:
     """stack.lock.yaml, as the image ships it in /opt/toolbox/."""
     doc = {
         "stack": model.name,
         "platform": model.platform,
         "base_image": model.base.ref,
-        "lock_digest": lock.digest,
-        "pins": dict(lock.pins),
-        "unverified": list(lock.unverified),
+        "lock_digest": pin_set.digest,  # the key the image's doctor reads
+        "pins": dict(pin_set.pins),
+        "unverified": list(pin_set.unverified),
     }
     return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)

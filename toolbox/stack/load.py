@@ -67,5 +67,5 @@ def _resolve(raw: dict, origin: Origin, source: Path, derived_from: Stack | None
     except ValidationError as exc:
         raise UserError(format_errors(exc, origin)) from None
     stack = Stack(model, source, origin, raw, derived_from=derived_from)
-    stack.locked = digest.compute(model, components.pins(stack))
+    stack.pin_set = digest.compute(model, components.pins(stack))
     return stack

@@ -144,7 +144,7 @@ class Torch(Model):
                              "adds amd-torch-device-<target> and rocm-sdk-device-<target> (the GPU code)")
     unverified: bool = Field(False, description='true while these versions are not verified against the index')
     wheels: dict[str, str] = Field(default_factory=dict, description="wheel files of index_url pinned on first use "
-                                   "(`toolbox build` records them in the user's pin lock): package -> "
+                                   "(`toolbox build` records them in the user's pins file): package -> "
                                    "'<wheel URL>#sha256=<64 hex>'; installed by that URL, and pip checks the hash")
     _v = field_validator("torch", "torchvision", "torchaudio")(
         classmethod(lambda cls, v: None if v is None else _version(v))

@@ -2,10 +2,10 @@
 
 AMD publishes no checksum beside TheRock's tarballs, and a base image's digest needs a
 registry. So, like a lock file: the first `toolbox build` of a stack whose ROCm tarball has no
-sha256 downloads it once into the user's cache, records its sha256 in the user's pin lock
-(beside the stack state, never in the installed package), says so in one loud line, and every
-later build uses that hash; bytes that differ later are an error naming both hashes. The same
-for an unpinned base image's digest. `--frozen` refuses anything not locked yet.
+sha256 downloads it once into the user's cache, records its sha256 in the user's pins file
+(pins.lock.json in the state folder, never in the installed package), says so in one loud
+line, and every later build uses that hash; bytes that differ later are an error naming both
+hashes. The same for an unpinned base image's digest. `--frozen` refuses anything not pinned yet.
 
 After a tarball download, its share/therock/therock_manifest.json (TheRock's
 build_tools/generate_therock_manifest.py, schema TheRock-Manifest.v1: `submodules[]` of
@@ -39,16 +39,16 @@ from toolbox.paths import cache_dir, state_dir
 from toolbox.stack import wheel_index
 from toolbox.stack.pylock import python_version
 
-LOCK_NAME = "pins.lock.json"
+PINS_FILE = "pins.lock.json"  # the name users have; the word for it is "pins file"
 MANIFEST = "share/therock/therock_manifest.json"
 CHUNK = 1 << 20
 
 
-class PinLock:
-    """The user's lock of first-use pins: {"files": {url: {...}}, "images": {ref: {...}}}."""
+class PinsFile:
+    """The user's pins file, of first-use pins: {"files": {url: {...}}, "images": {ref: {...}}}."""
 
     def __init__(self, path: Path | None = None):
-        self.path = path or state_dir() / LOCK_NAME
+        self.path = path or state_dir() / PINS_FILE
         self.data: dict = {"files": {}, "images": {}}
         if self.path.exists():
             try:
@@ -56,7 +56,7 @@ class PinLock:
                 if not isinstance(data, dict):
                     raise ValueError("not a JSON object")
             except (OSError, ValueError) as exc:
-                raise UserError(f"{self.path}: unreadable pin lock ({exc}); fix or remove it") from None
+                raise UserError(f"{self.path}: unreadable pins file ({exc}); fix or remove it") from None
             self.data.update(data)
 
     def file(self, url: str) -> dict | None:
@@ -147,16 +147,16 @@ def _check_manifest(tarball: Path, url: str, rccl_commit: str | None) -> str | N
     return commit
 
 
-def pin_tarball(url: str, *, rccl_commit: str | None, lock: PinLock, frozen: bool,
+def pin_tarball(url: str, *, rccl_commit: str | None, pins_file: PinsFile, frozen: bool,
                 ca_bundle: Path | None = None) -> str:
-    """The sha256 of url: from the lock (its cached copy re-checked when present), else fetched now."""
-    entry = lock.file(url)
+    """The sha256 of url: from the pins file (its cached copy re-checked when present), else fetched now."""
+    entry = pins_file.file(url)
     if entry is None and frozen:
-        raise UserError(f"--frozen: rocm.tarball {url} has no sha256 and is not in the pin lock "
-                        f"{lock.path}; build once without --frozen, or --set rocm.tarball.sha256=<64 hex>")
+        raise UserError(f"--frozen: rocm.tarball {url} has no sha256 and is not in the pins file "
+                        f"{pins_file.path}; build once without --frozen, or --set rocm.tarball.sha256=<64 hex>")
     if entry is not None and rccl_commit and entry.get("rocm_systems_commit") not in (None, rccl_commit):
         raise UserError(f"rocm tarball {url}: its {MANIFEST} names rocm-systems commit "
-                        f"{entry['rocm_systems_commit']} (pin lock {lock.path}), but the stack's "
+                        f"{entry['rocm_systems_commit']} (pins file {pins_file.path}), but the stack's "
                         f"rccl.commit is {rccl_commit}; set rccl.commit or pick the matching tarball")
     dest = cached_path(url)
     if entry is not None and dest.is_file():
@@ -165,8 +165,8 @@ def pin_tarball(url: str, *, rccl_commit: str | None, lock: PinLock, frozen: boo
     if entry is not None:
         if got != entry["sha256"]:
             dest.unlink(missing_ok=True)
-            raise UserError(f"rocm tarball {url} changed: locked sha256 {entry['sha256']} "
-                            f"(on {entry.get('locked', '?')}, {lock.path}), downloaded now {got}; "
+            raise UserError(f"rocm tarball {url} changed: pinned sha256 {entry['sha256']} "
+                            f"(on {entry.get('locked', '?')}, {pins_file.path}), downloaded now {got}; "
                             "if the new bytes are intended, remove that entry and build again")
         return got
     try:
@@ -174,9 +174,9 @@ def pin_tarball(url: str, *, rccl_commit: str | None, lock: PinLock, frozen: boo
     except UserError:
         dest.unlink(missing_ok=True)
         raise
-    lock.data["files"][url] = {"sha256": got, "locked": _now(), "rocm_systems_commit": commit}
-    lock.save()
-    _loud(f"{url} sha256 {got} (AMD publishes no checksum; recorded in {lock.path}, "
+    pins_file.data["files"][url] = {"sha256": got, "locked": _now(), "rocm_systems_commit": commit}
+    pins_file.save()
+    _loud(f"{url} sha256 {got} (AMD publishes no checksum; recorded in {pins_file.path}, "
           "later builds must see the same bytes)")
     return got
 
@@ -196,19 +196,19 @@ def _fetch_text(url: str, ca_bundle: Path | None) -> str:
                         "--set torch.wheels.NAME='<wheel URL>#sha256=<64 hex>')") from None
 
 
-def pin_wheel(index_url: str, name: str, version: str, python: str, *, lock: PinLock, frozen: bool,
+def pin_wheel(index_url: str, name: str, version: str, python: str, *, pins_file: PinsFile, frozen: bool,
               ca_bundle: Path | None = None) -> str:
     """'<wheel URL>#sha256=<hex>' of name==version for CPython `python` (3.12) on Linux x86_64 from
-    the index: from the pin lock, else found on the index page now (the page's own #sha256= where
+    the index: from the pins file, else found on the index page now (the page's own #sha256= where
     it gives one, else the wheel downloaded once into the cache and hashed) and recorded."""
     from packaging.version import Version
 
     key = f"{index_url} {name}=={version} cp{python.replace('.', '')}"
-    entry = lock.data.setdefault("wheels", {}).get(key)
+    entry = pins_file.data.setdefault("wheels", {}).get(key)
     if entry is not None:
         return f"{entry['url']}#sha256={entry['sha256']}"
     if frozen:
-        raise UserError(f"--frozen: {name}=={version} from {index_url} is not in the pin lock {lock.path}; "
+        raise UserError(f"--frozen: {name}=={version} from {index_url} is not in the pins file {pins_file.path}; "
                         f"build once without --frozen, or --set torch.wheels.{name}='<wheel URL>#sha256=<64 hex>'")
     page = wheel_index.project_url(index_url, name)
     interp = f"cp{python.replace('.', '')}"
@@ -224,9 +224,9 @@ def pin_wheel(index_url: str, name: str, version: str, python: str, *, lock: Pin
     if sha is None:
         sha = download(wheel.url, cached_path(wheel.url), ca_bundle=ca_bundle)
         how = "downloaded once and hashed"
-    lock.data["wheels"][key] = {"url": wheel.url, "sha256": sha, "locked": _now()}
-    lock.save()
-    _loud(f"{wheel.filename} sha256 {sha} ({how}; recorded in {lock.path}, later builds install "
+    pins_file.data["wheels"][key] = {"url": wheel.url, "sha256": sha, "locked": _now()}
+    pins_file.save()
+    _loud(f"{wheel.filename} sha256 {sha} ({how}; recorded in {pins_file.path}, later builds install "
           "exactly these bytes: pip checks the hash)")
     return f"{wheel.url}#sha256={sha}"
 
@@ -257,17 +257,17 @@ def engine_digest(engine: str) -> Probe:
     return probe
 
 
-def pin_image(ref: str, *, lock: PinLock, frozen: bool, probe: Probe) -> str:
-    entry = lock.image(ref)
+def pin_image(ref: str, *, pins_file: PinsFile, frozen: bool, probe: Probe) -> str:
+    entry = pins_file.image(ref)
     if entry is not None:
         return entry["digest"]
     if frozen:
-        raise UserError(f"--frozen: base image {ref} has no digest and is not in the pin lock "
-                        f"{lock.path}; build once without --frozen, or --set base.digest=sha256:<64 hex>")
+        raise UserError(f"--frozen: base image {ref} has no digest and is not in the pins file "
+                        f"{pins_file.path}; build once without --frozen, or --set base.digest=sha256:<64 hex>")
     digest = probe(ref)
-    lock.data["images"][ref] = {"digest": digest, "locked": _now()}
-    lock.save()
-    _loud(f"{ref} digest {digest} (recorded in {lock.path})")
+    pins_file.data["images"][ref] = {"digest": digest, "locked": _now()}
+    pins_file.save()
+    _loud(f"{ref} digest {digest} (recorded in {pins_file.path})")
     return digest
 
 
@@ -280,16 +280,16 @@ class PinUpdate:
 
 
 def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
-                   ca_bundle: Path | None = None, lock: PinLock | None = None,
+                   ca_bundle: Path | None = None, pins_file: PinsFile | None = None,
                    probe: Probe | None = None) -> list[PinUpdate]:
     """The updates pinning the stack's unverified tarball, AMD-index wheels and base digest
     (fetching on first use)."""
-    lock = lock or PinLock()
+    pins_file = pins_file or PinsFile()
     out: list[PinUpdate] = []
     rocm = getattr(stack, "rocm", None)
     if rocm is not None and rocm.source == "tarball" and rocm.tarball.sha256 is None:
         rccl = getattr(stack, "rccl", None)
-        sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), lock=lock,
+        sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), pins_file=pins_file,
                           frozen=frozen, ca_bundle=ca_bundle)
         out += [PinUpdate(("rocm", "tarball", "sha256"), sha), PinUpdate(("rocm", "tarball", "unverified"), False)]
     torch = getattr(stack, "torch", None)
@@ -299,11 +299,11 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
         for name in ("torch", "torchvision", "torchaudio"):
             version = getattr(torch, name)
             if version is not None and name not in torch.wheels:
-                ref = pin_wheel(torch.index_url, name, version, python_version(stack), lock=lock,
+                ref = pin_wheel(torch.index_url, name, version, python_version(stack), pins_file=pins_file,
                                 frozen=frozen, ca_bundle=ca_bundle)
                 out.append(PinUpdate(("torch", "wheels", name), ref))
     base = stack.base
     if base.digest is None and base.unverified:
-        digest = pin_image(base.image, lock=lock, frozen=frozen, probe=probe or engine_digest(engine))
+        digest = pin_image(base.image, pins_file=pins_file, frozen=frozen, probe=probe or engine_digest(engine))
         out += [PinUpdate(("base", "digest"), digest), PinUpdate(("base", "unverified"), False)]
     return out

@@ -16,14 +16,14 @@ from toolbox.stack.loader import Origin
 from toolbox.stack.model import StackModel
 
 if TYPE_CHECKING:
-    from toolbox.stack.digest import Lock
+    from toolbox.stack.digest import PinSet
 
 
 class Stack:
     """A validated stack and what is derived from it: patch files (checked), the digest
-    (`locked`, set by load_stack once the components' pins are known)."""
+    (`pin_set`: the pins and their digest, set by load_stack once the components' pins are known)."""
 
-    locked: "Lock"
+    pin_set: "PinSet"
 
     def __init__(self, model: StackModel, source: Path, origin: Origin, raw: dict,
                  derived_from: "Stack | None" = None):
@@ -87,11 +87,12 @@ class Stack:
             out.append(hit.resolve())
         return out
 
-    def lock(self) -> dict[str, str]:
-        return dict(self.locked.pins)
+    def pins(self) -> dict[str, str]:
+        return dict(self.pin_set.pins)
 
-    def lock_digest(self) -> str:
-        return self.locked.digest
+    def digest(self) -> str:
+        """The stack's digest: 12 hex of its pins, the image's tag."""
+        return self.pin_set.digest
 
     def unverified_pins(self) -> list[str]:
-        return list(self.locked.unverified)
+        return list(self.pin_set.unverified)
