@@ -80,10 +80,6 @@ def render_dockerfile(stack: Stack) -> str:
     return _render("Dockerfile.j2", **_context(stack))
 
 
-def render_profile(stack: Stack) -> str:
-    return _render("scripts/profile.sh.j2", stack=stack)
-
-
 class _CopyFailed(Exception):
     """An OSError of one file copied by copytree, which would otherwise collect it as text (its
     errno lost: a full disk would read as bad input)."""

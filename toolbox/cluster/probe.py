@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from toolbox.cluster.hosts import Host
 from toolbox.cluster.ssh import SshClient
+from toolbox.components.labels import LABEL_PREFIX
 from toolbox.errors import ToolError, UserError
 from toolbox_train.rdma import SYSFS_PROBE, Port, parse_probe as parse_rdma
 
@@ -110,8 +111,8 @@ def parse_probe(host: Host, text: str) -> HostInfo:
             info.software["image id"] = parts[0]
             info.software["image digest"] = parts[1]
             for label, v in sorted(labels.items()):
-                if label.startswith("io.github.toolbox."):
-                    info.software[f"label {label.removeprefix('io.github.toolbox.')}"] = v
+                if label.startswith(LABEL_PREFIX):
+                    info.software[f"label {label.removeprefix(LABEL_PREFIX)}"] = v
         elif key == "error":
             info.errors.append(value)
     info.rdma_ports = parse_rdma(text.splitlines())

@@ -35,7 +35,6 @@ class NodeJob:
     env: dict[str, str]
     proc: subprocess.Popen | None = None
     returncode: int | None = None
-    ended_at: float | None = None
     finished: bool = False  # printed FINISHED
     readers: list[threading.Thread] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)
@@ -120,7 +119,7 @@ class Runner:
                         for t in job.readers:  # its last lines may say it had finished
                             t.join(timeout=2)
                         self._drain()
-                        job.returncode, job.ended_at = job.proc.returncode, now
+                        job.returncode = job.proc.returncode
                         if job.returncode != 0 and job not in stopped:
                             (late if job.finished else failed).append(job)
                 if all(j.returncode is not None for j in jobs):

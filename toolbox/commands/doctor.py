@@ -12,9 +12,8 @@ import json
 import os
 import sys
 
+from toolbox.components.labels import LABEL_PREFIX
 from toolbox.errors import ToolError, UserError
-
-LABEL_PREFIX = "io.github.toolbox."
 
 
 def register(sub) -> None:

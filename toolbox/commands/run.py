@@ -42,6 +42,7 @@ def add_target_args(p) -> None:
 def resolve_target(args, engine=None) -> tuple[str, str, object | None]:
     """(image, platform, stack or None); ENGINE (an available ImageEngine) reads an image's
     stack label when only --image is given."""
+    from toolbox.components.labels import LABEL_PREFIX
     from toolbox.run_options import default_tag
     from toolbox.stack.load import load_stack
 
@@ -54,7 +55,7 @@ def resolve_target(args, engine=None) -> tuple[str, str, object | None]:
                 info = engine.image_info(image)
             except ToolError:
                 info = None
-            name = ((info or {}).get("labels") or {}).get("io.github.toolbox.stack")
+            name = ((info or {}).get("labels") or {}).get(LABEL_PREFIX + "stack")
             if name:
                 try:
                     stack = load_stack(name)

@@ -2,6 +2,8 @@
 
 from toolbox.components import Component
 
+LABEL_PREFIX = "io.github.toolbox."  # the image labels of the stack and of each pin
+
 
 def labels(stack, pin_set) -> dict[str, str]:
     img = stack.image
@@ -13,15 +15,15 @@ def labels(stack, pin_set) -> dict[str, str]:
         "org.opencontainers.image.title": f"{img.title}-{stack.name}",
         "org.opencontainers.image.vendor": img.vendor,
         "org.opencontainers.image.version": pin_set.digest,
-        "io.github.toolbox.stack": stack.name,
-        "io.github.toolbox.lock-digest": pin_set.digest,
-        "io.github.toolbox.platform": stack.platform,
+        LABEL_PREFIX + "stack": stack.name,
+        LABEL_PREFIX + "lock-digest": pin_set.digest,
+        LABEL_PREFIX + "platform": stack.platform,
     }
     if stack.base.digest:
         out["org.opencontainers.image.base.digest"] = stack.base.digest
     out["org.opencontainers.image.base.name"] = stack.base.image
     for pin, value in pin_set.pins.items():
-        out[f"io.github.toolbox.{pin}"] = value
+        out[LABEL_PREFIX + pin] = value
     return dict(sorted(out.items()))
 
 

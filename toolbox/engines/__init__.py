@@ -8,7 +8,6 @@ and runs them; what a stack needs (devices, groups, mounts) is decided in run_op
 
 from __future__ import annotations
 
-import os
 import shlex
 
 from toolbox.engines.base import (ContainerEngine, Engine, ImageEngine, LineSink, build_failure,  # noqa: F401
@@ -23,10 +22,6 @@ ENGINE_NAMES = IMAGE_ENGINES + CONTAINER_ENGINES
 
 def quote(argv: list[str]) -> str:
     return shlex.join(argv)
-
-
-def env_names_present(names: list[str]) -> list[str]:
-    return [n for n in names if n in os.environ]
 
 
 def _classes() -> dict[str, type]:

@@ -31,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
