@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.stack import pylock
+from toolbox.stack import pylock, statefiles
 from toolbox.render import render_dockerfile
 from toolbox.paths import STACKS_DIR
 from toolbox.stack.load import load_stack
@@ -52,8 +52,11 @@ def test_render_installs_with_require_hashes_in_two_steps():
     torch_part, everything = pylock.split(pylock.current(stack).read_text())
     assert re.search(r"^torch==", torch_part, re.M) and not re.search(r"^transformers==", torch_part, re.M)
     assert re.search(r"^transformers==", everything, re.M)
-    sha = hashlib.sha256(pylock.current(stack).read_bytes()).hexdigest()
-    assert stack.pins()["python.lock.sha256"] == sha  # a pin: part of the lock digest, the tag
+    # a pin: part of the lock digest, the tag; of the lock without its `# checksum:` line, which
+    # is that same sha256
+    text = pylock.current(stack).read_text()
+    sha = hashlib.sha256(statefiles.without_checksum(text).encode()).hexdigest()
+    assert stack.pins()["python.lock.sha256"] == sha and f"# checksum: sha256:{sha}\n" in text
 
 
 def _cli(*args: str, tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -96,10 +99,10 @@ def test_a_set_pin_set_locked_into_the_user_state_is_used(tmp_path, monkeypatch)
     text = pylock.lock_path(stack).read_text()
     text = re.sub(r"(?m)^# inputs: .*$", f"# inputs: {pylock.inputs_digest(stack)}", text)
     user.parent.mkdir(parents=True)
-    user.write_text(text.replace("peft==0.21.2", "peft==0.21.1"))
+    user.write_text(statefiles.with_checksum(text.replace("peft==0.21.2", "peft==0.21.1")))
     again = load_stack("cpu", ["hf.peft=0.21.1"])
     assert pylock.current(again) == user and pylock.check(again, "cpu", ["hf.peft=0.21.1"]) is None
-    assert again.pins()["python.lock.sha256"] == hashlib.sha256(user.read_bytes()).hexdigest()
+    assert again.pins()["python.lock.sha256"] == pylock.content_digest(user)
     assert "--require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt" in render_dockerfile(again)
     assert pylock.current(load_stack("cpu")) == pylock.lock_path(stack)
 
@@ -138,7 +141,9 @@ def test_one_changed_hash_is_another_tag(tmp_path):
     same = load_stack(str(tmp_path / "cpu.yaml"))
     assert same.digest() == load_stack("cpu").digest()
     good = re.search(r"(?m)^numpy==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", lock)[1]
-    (tmp_path / "cpu.pylock.txt").write_text(lock.replace(good, good[::-1], 1))
+    # a lock written again with another hash (its checksum made anew: an edit by hand is refused,
+    # tests/test_state_files.py)
+    (tmp_path / "cpu.pylock.txt").write_text(statefiles.with_checksum(lock.replace(good, good[::-1], 1)))
     assert load_stack(str(tmp_path / "cpu.yaml")).digest() != same.digest()
 
 

@@ -26,7 +26,7 @@ def _pins(stack):
     if torch_part is not None:
         pins["python.lock.torch.sha256"] = hashlib.sha256(torch_part.encode()).hexdigest()
     if everything is not None:
-        pins["python.lock.sha256"] = hashlib.sha256(pylock.current(stack).read_bytes()).hexdigest()
+        pins["python.lock.sha256"] = pylock.content_digest(pylock.current(stack))
     return pins
 
 

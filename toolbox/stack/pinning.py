@@ -36,7 +36,7 @@ from typing import Callable
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.paths import cache_dir, state_dir
-from toolbox.stack import wheel_index
+from toolbox.stack import statefiles, wheel_index
 from toolbox.stack.pylock import python_version
 
 PINS_FILE = "pins.lock.json"  # the name users have; the word for it is "pins file"
@@ -45,19 +45,15 @@ CHUNK = 1 << 20
 
 
 class PinsFile:
-    """The user's pins file, of first-use pins: {"files": {url: {...}}, "images": {ref: {...}}}."""
+    """The user's pins file, of first-use pins: {"files": {url: {...}}, "images": {ref: {...}},
+    "wheels": {key: {...}}}, with a format number and a checksum (toolbox.stack.statefiles: a
+    damaged one is refused, naming it and how to make it again)."""
 
     def __init__(self, path: Path | None = None):
         self.path = path or state_dir() / PINS_FILE
-        self.data: dict = {"files": {}, "images": {}}
-        if self.path.exists():
-            try:
-                data = json.loads(self.path.read_text(encoding="utf-8"))
-                if not isinstance(data, dict):
-                    raise ValueError("not a JSON object")
-            except (OSError, ValueError) as exc:
-                raise UserError(f"{self.path}: unreadable pins file ({exc}); fix or remove it") from None
-            self.data.update(data)
+        self.data: dict = {"files": {}, "images": {}, "wheels": {}}
+        if self.path.exists() or self.path.is_symlink():
+            self.data.update(statefiles.load_pins(self.path))
 
     def file(self, url: str) -> dict | None:
         return self.data["files"].get(url)
@@ -67,7 +63,7 @@ class PinsFile:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        atomic_write(self.path, statefiles.dump_pins(self.data))
 
 
 def _now() -> str:
@@ -159,15 +155,16 @@ def pin_tarball(url: str, *, rccl_commit: str | None, pins_file: PinsFile, froze
                         f"{entry['rocm_systems_commit']} (pins file {pins_file.path}), but the stack's "
                         f"rccl.commit is {rccl_commit}; set rccl.commit or pick the matching tarball")
     dest = cached_path(url)
-    if entry is not None and dest.is_file():
-        return entry["sha256"]
+    if entry is not None and (dest.is_file() or frozen):
+        return entry["sha256"]  # --frozen reaches no network: the image's build checks the bytes
     got = download(url, dest, ca_bundle=ca_bundle)
     if entry is not None:
         if got != entry["sha256"]:
             dest.unlink(missing_ok=True)
             raise UserError(f"rocm tarball {url} changed: pinned sha256 {entry['sha256']} "
                             f"(on {entry.get('locked', '?')}, {pins_file.path}), downloaded now {got}; "
-                            "if the new bytes are intended, remove that entry and build again")
+                            f"if the new bytes are intended, delete {pins_file.path} and build again "
+                            "(every first-use pin is taken again)")
         return got
     try:
         commit = _check_manifest(dest, url, rccl_commit)

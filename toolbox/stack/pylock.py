@@ -32,7 +32,8 @@ from pathlib import Path
 
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
-from toolbox.paths import PROJECT_ROOT, state_dir
+from toolbox.paths import PROJECT_ROOT, STACKS_DIR, state_dir
+from toolbox.stack import statefiles
 
 PLATFORM = "x86_64-manylinux_2_28"
 # The interpreter the image's /opt/venv is made with: Debian bookworm's python3 is 3.11.
@@ -112,15 +113,50 @@ def inputs_digest(stack, part: str = "all") -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def lock_command(stack) -> str:
+    """The `toolbox lock` that writes this stack's lock: --stack its name when shipped, else its
+    file, and the --set options it was loaded with."""
+    ref = stack.source.stem if stack.source.parent == STACKS_DIR.resolve() else str(stack.source)
+    sets = dict.fromkeys(src for src, _ in stack.origin.lines.values() if src.startswith("--set "))
+    return " ".join(["toolbox lock --stack", ref, *sets])
+
+
+def content_digest(path: Path) -> str:
+    """The sha256 of a lock without its `# checksum:` line (the pin that goes into the image tag:
+    the same as before locks carried a checksum)."""
+    return hashlib.sha256(statefiles.without_checksum(path.read_bytes().decode("utf-8")).encode()).hexdigest()
+
+
+def _holds_pins(stack, path: Path, lock: statefiles.PythonLock) -> None:
+    """A lock made from these pins holds each of them: else it was edited, or cut short."""
+    from packaging.version import InvalidVersion, Version
+
+    for req in requirements(stack):
+        name, sep, version = req.partition("==")
+        if not sep:
+            continue  # the entrypoints' ranges: uv picked within them
+        name = re.split(r"\[", name, maxsplit=1)[0].lower().replace("_", "-")
+        got = lock.packages.get(name)
+        try:
+            same = got is not None and Version(got.version) == Version(version)
+        except InvalidVersion:
+            same = got is not None and got.version == version
+        if not same:
+            raise statefiles.Damaged(path, "Python lock", f"it does not hold {name}=={version}, which the stack pins",
+                                     statefiles.lock_regenerate(path, lock_command(stack)))
+
+
 def _matches(stack, part: str) -> Path | None:
-    """The checked-in lock, else the user's lock of this pin set, made from these inputs."""
+    """The checked-in lock, else the user's lock of this pin set, made from these inputs; a
+    damaged one is refused (toolbox.stack.statefiles), not read as "made for other pins"."""
     if part == "torch" and first_use(stack):
         return None  # no torch part: AMD's wheels are not in the lock
-    rx = INPUTS_RE if part == "all" else TORCH_INPUTS_RE
     for p in (lock_path(stack), user_lock_path(stack)):
-        if p.is_file():
-            m = rx.search(p.read_text(encoding="utf-8"))
-            if m and m.group(1) == inputs_digest(stack, part):
+        if p.exists() or p.is_symlink():
+            _, lock = statefiles.load_lock(p, lock_command(stack))
+            if (lock.inputs if part == "all" else lock.torch_inputs) == inputs_digest(stack, part):
+                if part == "all":
+                    _holds_pins(stack, p, lock)
                 return p
     return None
 
@@ -250,5 +286,5 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
                    "installed without a hash check\n")
     out = user_lock_path(stack) if user else lock_path(stack)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, header + body)
+    atomic_write(out, statefiles.with_checksum(header + body))
     return out
