@@ -169,3 +169,19 @@ def test_unwritable_places_are_bad_input(tmp_path):
     assert r.returncode == 2 and one_line(r.stderr) and "/proc/toolbox-ctx: cannot write" in r.stderr
     r = run("render", "--stack", "cpu", "-o", str(tmp_path))
     assert r.returncode == 2 and one_line(r.stderr) and f"{tmp_path}: is a directory" in r.stderr
+
+
+@pytest.mark.parametrize("sets, blamed, place", [
+    (["platform=cuda"], "--set platform=cuda: rocm: `rocm:` only belongs to platform rocm", "gfx1151.yaml:"),
+    (["hf.trl=1.15.0", "platform=cpu"], "--set platform=cpu: rocm:", "gfx1151.yaml:"),
+    (["hf.trl=latest"], "--set hf.trl=latest: hf.trl: must be an exact version", None),
+    (["\r=1"], "--set '\\r=1': expected key.path=value", None),
+])
+def test_set_errors_blame_the_set_not_a_line_of_the_file(capsys, tmp_path, sets, blamed, place):
+    out = tmp_path / "Dockerfile"
+    out.write_text("old\n")
+    code, err = main(capsys, "render", "--stack", "gfx1151", *(f"--set={s}" for s in sets), "-o", str(out))
+    assert code == 2 and one_line(err) and err.startswith(f"toolbox: error: {blamed}"), err
+    if place:  # the field it broke, where the file has it, comes after
+        assert f"/{place}" in err and err.rstrip().endswith(")")
+    assert out.read_text() == "old\n"

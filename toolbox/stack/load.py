@@ -50,8 +50,34 @@ def load_stack(ref: str | None = None, overrides: Sequence[str] = ()) -> Stack:
     path = resolve_ref(ref)
     origin = Origin()
     raw = load_raw(path, origin, lambda parent, folder: resolve_ref(parent, relative_to=folder))
+    files_only = copy.deepcopy(raw) if overrides else None
     apply_overrides(raw, overrides, origin)
-    return _resolve(raw, origin, path.resolve())
+    try:
+        return _resolve(raw, origin, path.resolve())
+    except UserError as exc:
+        culprit = _culprit(files_only, overrides) if overrides and not str(exc).startswith("--set ") else None
+        if culprit is None:
+            raise
+        # the files held; the --set broke a field it did not name (platform=cuda leaves `rocm:`
+        # without its platform): blame the --set, with the field's place in the file after it
+        lines = [re.sub(r"^(\S+?:\d+): (.*)$", r"\2 (\1)", line) for line in str(exc).splitlines()]
+        raise UserError(f"--set {culprit}: " + "; ".join(lines)) from None
+
+
+def _culprit(files_only: dict, overrides: Sequence[str]) -> str | None:
+    """The first --set after which the stack no longer validates (None: the files alone fail)."""
+    try:
+        StackModel.model_validate(files_only)
+    except ValidationError:
+        return None
+    for n, text in enumerate(overrides, 1):
+        raw = copy.deepcopy(files_only)
+        apply_overrides(raw, overrides[:n], Origin())
+        try:
+            StackModel.model_validate(raw)
+        except ValidationError:
+            return text
+    return None
 
 
 def with_pins(stack: Stack, updates: Sequence["PinUpdate"]) -> Stack:

@@ -169,7 +169,7 @@ def apply_values(raw: dict, values: Sequence[tuple[tuple[str, ...], Any]], origi
 def apply_override(raw: dict, text: str, origin: Origin) -> set[tuple]:
     """Apply one `--set key.path=value` (value read as YAML, numbers kept as written); returns
     the field paths it set."""
-    src = f"--set {text}"
+    src = f"--set {text}" if text.isprintable() else f"--set {text!r}"  # a line break stays one line
     key, sep, value = text.partition("=")
     if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", key):
         raise UserError(f"{src}: expected key.path=value")
