@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,76 @@ def test_set_errors_blame_the_set_not_a_line_of_the_file(capsys, tmp_path, sets,
     if place:  # the field it broke, where the file has it, comes after
         assert f"/{place}" in err and err.rstrip().endswith(")")
     assert out.read_text() == "old\n"
+
+
+class _Registry:
+    """A registry's v2 API as far as `bump base` asks it: a digest for any manifest."""
+
+    def __init__(self):
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self):  # noqa: N802
+                self.send_response(200)
+                self.send_header("Docker-Content-Digest", "sha256:" + "ab" * 32)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_bump_whose_relock_fails_leaves_the_stack_as_it_was(tmp_path):
+    from toolbox.paths import STACKS_DIR
+
+    shutil.copy(STACKS_DIR / "cpu.yaml", tmp_path / "cpu.yaml")
+    shutil.copy(STACKS_DIR / "cpu.pylock.txt", tmp_path / "cpu.pylock.txt")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    reg = _Registry()
+    try:
+        # trixie's Python 3.13 changes the lock's inputs: bump relocks, and uv has no index to ask
+        env = {**os.environ, "UV_INDEX_URL": "http://127.0.0.1:9/simple", "UV_NO_CACHE": "1", "UV_OFFLINE": "1",
+               "PIP_FIND_LINKS": ""}
+        r = subprocess.run([sys.executable, "-m", "toolbox", "bump", "base", "--stack", str(tmp_path / "cpu.yaml"),
+                            "--to", "trixie-slim", "--registry-url", reg.url], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, env=env)
+    finally:
+        reg.httpd.shutdown()
+        reg.httpd.server_close()
+    assert r.returncode == 1 and one_line(r.stderr), r.stderr
+    assert "left as it was" in r.stderr and "uv could not lock" in r.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["base", "--to", "x y"], "argument --to: 'x y' is not a version"),
+    (["bitsandbytes", "--to=-oProxy"], "argument --to: '-oProxy'"),
+    (["rocm", "--index-url", "http://a b/"], "argument --index-url: 'http://a b/' is not"),
+    (["base", "--registry-url", "ftp://x"], "argument --registry-url: 'ftp://x' is not"),
+])
+def test_bump_arguments(capsys, args, needle):
+    code, err = main(capsys, "bump", *args, "--stack", "gfx1151")
+    assert code == 2 and one_line(err) and needle in err, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["render", "--stack", "cpu", "--set=--"], "--set --: expected key.path=value"),
+    (["build", "--stack", "cpu", "--wheelhouse=--", "--dry-run"], "--wheelhouse --: not a directory"),
+    (["run", "--stack", "cpu", "--workspace=--", "--dry-run", "--", "true"], "--workspace --: not a directory"),
+])
+def test_a_double_dash_value_is_a_value(capsys, argv, needle):
+    # argparse turned `--opt=--` into an empty list, which crashed the commands (AttributeError)
+    code, err = main(capsys, *argv)
+    assert code == 2 and one_line(err) and needle in err, err
+
+
+def test_a_dry_run_creates_nothing(capsys, tmp_path):
+    cache = tmp_path / "not" / "yet"
+    code, err = main(capsys, "run", "--stack", "cpu", "--engine", "podman", "--hf-cache", str(cache), "--dry-run",
+                     "--", "true")
+    assert code == 0, err
+    assert list(tmp_path.iterdir()) == []  # the real run makes the cache folder, not the dry one

@@ -70,3 +70,20 @@ def size_mib(text: str) -> float:
     if not 0 < n <= 16384:  # nan and inf fail this too
         raise argparse.ArgumentTypeError(f"expected a size above 0 and at most 16384 MiB, not {text}")
     return n
+
+
+def version_or_ref(text: str) -> str:
+    """`bump --to`: a version, a git ref or an image tag (no spaces, no leading '-')."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._+/-]{0,199}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version, git ref or tag (e.g. 7.13.0, v0.51.0, latest)")
+    return text
+
+
+def http_url(text: str) -> str:
+    """An index or registry URL: http(s) or file, with a host (file: a path), no spaces."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text) if text.isprintable() and " " not in text else None
+    if parts is None or parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.scheme == "file"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s):// or file:// URL")
+    return text

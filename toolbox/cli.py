@@ -62,6 +62,14 @@ class _Parser(argparse.ArgumentParser):
         name = self.prog.removeprefix("toolbox").strip()
         raise UserError(f"{name + ': ' if name else ''}{message} (`{self.prog} --help` shows the usage)")
 
+    def _get_values(self, action, arg_strings):
+        # `--set=--`: argparse drops the "--" and hands the command an empty list as the value
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser with the full arguments of the command argv names (None: of every command)."""

@@ -125,6 +125,7 @@ def run_spec(
     extra_env: list[str] = (),
     hf_cache: Path | None = None,
     dev_root: str = "/dev",
+    create_cache: bool = True,
 ) -> RunSpec:
     spec = RunSpec(image=image, command=list(command), name=name, ipc_host=True, network=network)
     gpu_options(platform, spec, dev_root, rootless=engine == "podman" and os.geteuid() != 0)
@@ -132,7 +133,11 @@ def run_spec(
     spec.mounts.append(Mount(str(ws), CONTAINER_WORKSPACE))
     spec.workdir = CONTAINER_WORKSPACE
     cache = hf_cache or hf_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
+    if create_cache:  # not for a dry run: it changes nothing on the host
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--hf-cache {cache}: cannot create it: {exc.strerror}") from None
     spec.mounts.append(Mount(str(cache.resolve()), CONTAINER_HF_CACHE))
     spec.env["HF_HOME"] = CONTAINER_HF_CACHE
     for m in mounts:

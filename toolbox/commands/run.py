@@ -91,7 +91,7 @@ def run(args) -> int:
     spec = run_spec(
         engine=engine.name, platform=platform, image=image, command=cmd, name=args.name,
         workspace=args.workspace, mounts=args.mount, network=args.network, extra_env=args.env,
-        hf_cache=args.hf_cache,
+        hf_cache=args.hf_cache, create_cache=not args.dry_run,
     )
     if images is not None:
         spec.tty = os.isatty(0) and os.isatty(1)

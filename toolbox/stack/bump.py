@@ -48,6 +48,8 @@ def _open(url: str, method: str = "GET", headers: dict | None = None):
         return urllib.request.urlopen(req, timeout=60)
     except (urllib.error.URLError, OSError) as exc:
         raise ToolError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    except ValueError as exc:  # http.client.InvalidURL and the like: what the URL was built from
+        raise UserError(f"{url}: not a URL that can be fetched ({exc})") from None
 
 
 def sha256_url(url: str) -> str:
