@@ -33,6 +33,7 @@ def one_line(err: str) -> bool:
 @pytest.mark.parametrize("argv, needle", [
     (["render", "--stack", "cpu", "--bogus"], "unrecognized arguments: --bogus"),
     (["cluster"], "cluster: the following arguments are required: ACTION"),
+    (["patches"], "patches: the following arguments are required: SUBCOMMAND"),
     (["build", "--engine", "nope"], "build: argument --engine: invalid choice: 'nope'"),
     (["build", "--stack", "cpu", "--tag", "Upper Case"], "build: argument --tag: 'Upper Case' is not an image reference"),
     (["build", "--stack", "cpu", "--tag", "x" * 300], "is not an image reference"),

@@ -41,7 +41,7 @@ def run_verify(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("patches", help="patch series (RCCL for gfx1151)")
-    psub = p.add_subparsers(dest="patches_command", metavar="SUBCOMMAND")
+    psub = p.add_subparsers(dest="patches_command", metavar="SUBCOMMAND", required=True)
     v = psub.add_parser(
         "verify",
         help="apply a series to its pinned commit in a throw-away clone of DIR, report per patch",
@@ -59,4 +59,3 @@ def register(sub) -> None:
     v.add_argument("--keep", metavar="DIR", default=None,
                    help="keep the patched tree here (must not exist) instead of deleting it")
     v.set_defaults(func=run_verify)
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
