@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from toolbox_train import errors, safe_yaml
+from toolbox_train import cli as errors, safe_yaml
 from toolbox_train.safe_yaml import SafeYamlError, load_file, load_text
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from .cli import UserError
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 64

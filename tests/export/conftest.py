@@ -73,7 +73,7 @@ def real_vocab_model(vocab_tokenizer, tmp_path_factory):
 
 def finetune_run(model: Path, out: Path, method: str = "lora", steps: int = 6, **over) -> Path:
     from helpers.tiny import train_config, write_dataset
-    from toolbox_train import finetune
+    from toolbox_train.training import finetune
 
     data = write_dataset(out.parent / f"{out.name}-data.jsonl", "text", n=48)
     cfg = train_config(model, data, out, **{"method": method, "lora.r": 4, "lora.alpha": 8,

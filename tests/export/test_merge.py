@@ -11,7 +11,7 @@ import yaml
 from safetensors import safe_open
 
 from conftest import finetune_run
-from toolbox_train import export
+from toolbox_train.export import model as export
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers.tiny import write_dataset, write_train_config
-from toolbox_train import finetune, launch
+from toolbox_train.distributed import launch
+from toolbox_train.training import finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,7 +136,7 @@ def test_console_script_exit_code(setup):
     tmp, model, data, out = setup
     cfg = write_train_config(tmp / "t.yaml", model, data, out, **{"train.learning_rat": 1})
     exe = Path(sys.executable).with_name("finetune")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.finetune"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.training.finetune"]
     r = subprocess.run([*cmd, "--config", str(cfg)], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT / "entrypoints")})
     assert r.returncode == 2, r.stderr

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from toolbox_train import finetune
+from toolbox_train.training import finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-CLIS = {"finetune": "toolbox_train.finetune", "launch": "toolbox_train.launch", "bench": "toolbox_train.bench",
-        "rccl-check": "toolbox_train.rccl_check"}
+CLIS = {"finetune": "toolbox_train.training.finetune", "launch": "toolbox_train.distributed.launch", "bench": "toolbox_train.bench",
+        "rccl-check": "toolbox_train.checks.rccl_check"}
 
 
 def _run(name: str, *args: str, cwd: Path | None = None, env: dict | None = None):

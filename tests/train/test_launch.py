@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from helpers.tiny import write_dataset, write_train_config
-from toolbox_train import launch
+from toolbox_train.distributed import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 def _launch_cmd():
     exe = Path(sys.executable).with_name("launch")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.launch"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.distributed.launch"]
 
 
 def _env():

@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_launch_and_the_checks_import_nothing_heavy():
     # launch runs finetune's checks in its own process before any rank starts: importing them
     # must not pull in the trainer, TRL, transformers or torch (seconds, and GPU libraries).
-    code = ("import sys, toolbox_train.launch, toolbox_train.plan, toolbox_train.finetune, toolbox_train.bench; "
+    code = ("import sys, toolbox_train.distributed.launch, toolbox_train.planning.checks, toolbox_train.training.finetune, toolbox_train.bench; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'trl', 'peft', "
-            "'datasets', 'accelerate') or m in ('toolbox_train.trainer', 'toolbox_train.models')))")
+            "'datasets', 'accelerate') or m in ('toolbox_train.training.trainer', 'toolbox_train.training.models')))")
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out

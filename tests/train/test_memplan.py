@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from toolbox_train import bench, memplan as M, planner as P
+from toolbox_train import bench
+from toolbox_train.planning import arithmetic as M, decisions as P
 
 TINY = ["tiny-llama", "tiny-qwen3", "tiny-gemma3"]
 
@@ -147,7 +148,7 @@ def test_planner_within_15_percent_of_the_h200_measurements():
     import json
     from pathlib import Path
 
-    from toolbox_train import memcal
+    from toolbox_train.planning import calibration as memcal
 
     data = json.loads((Path(__file__).resolve().parents[2] / "docs/bench/memplan-h200.json").read_text())
     rows = [r for r in data["rows"] if r.get("measured_gib")]
@@ -192,7 +193,7 @@ def _tiny_run(tmp_path, **train):
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(cfg))
 
-    def run(*args, mod="toolbox_train.finetune"):
+    def run(*args, mod="toolbox_train.training.finetune"):
         return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True, timeout=600)
     return path, run
 
@@ -224,6 +225,6 @@ def test_finetune_plan_refusal_and_resolved_checkpointing(tmp_path):
 def test_launch_plan_prints_per_device_and_starts_nothing(tmp_path):
     cfg, run = _tiny_run(tmp_path)
     out = run("--strategy", "ddp", "--cpu", "--nproc", "2", "--", "finetune", "--config", str(cfg), "--plan",
-              "--device-memory", "8GiB", mod="toolbox_train.launch")
+              "--device-memory", "8GiB", mod="toolbox_train.distributed.launch")
     assert out.returncode == 0, out.stderr
     assert "ddp x2" in out.stdout and not (tmp_path / "out").exists()

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers.tiny import train_config, write_dataset
-from toolbox_train import checkpoints, finetune
+from toolbox_train.training import checkpoints, finetune
 
 STEPS, STOP = 7, 4
 

@@ -2,7 +2,7 @@
 
 Outside a container it checks the engine, the GPU device nodes, and the image's labels
 against the stack's pins, then (with --in-image) runs the probe inside the image.
-Inside a container it runs the probe (toolbox_train.doctor) directly.
+Inside a container it runs the probe (toolbox_train.checks.doctor) directly.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def in_container() -> bool:
 
 
 def label_checks(labels: dict, stack) -> list:
-    from toolbox_train.doctor import Check
+    from toolbox_train.checks.doctor import Check
 
     out = []
     lock = stack.pins()
@@ -65,7 +65,7 @@ def label_checks(labels: dict, stack) -> list:
 def host_checks(args):
     from toolbox.commands.run import resolve_target
     from toolbox.engines import ContainerEngine, ImageEngine, get_engine
-    from toolbox_train.doctor import Check
+    from toolbox_train.checks.doctor import Check
 
     checks = []
     try:
@@ -108,7 +108,7 @@ def container_checks(args, engine, checks):
     """toolbx/distrobox: the tool, the user it accepts, the container --name and its labels."""
     from toolbox.commands.run import resolve_target
     from toolbox.stack.load import load_stack
-    from toolbox_train.doctor import Check
+    from toolbox_train.checks.doctor import Check
 
     try:
         engine.check_user()
@@ -142,7 +142,7 @@ def _gid_ok(g: int) -> bool:
 
 
 def run(args) -> int:
-    from toolbox_train import doctor as probe
+    from toolbox_train.checks import doctor as probe
 
     if in_container():
         argv = ["--json"] if args.json else []
@@ -163,7 +163,7 @@ def run(args) -> int:
 
         if platform == "rocm":
             check_rocm_host()
-        cmd = ["python", "-m", "toolbox_train.doctor", "--expect-platform", platform]
+        cmd = ["python", "-m", "toolbox_train.checks.doctor", "--expect-platform", platform]
         for t in (stack.gpu_targets if stack is not None else []):
             cmd += ["--gpu-target", t]
         if args.json:

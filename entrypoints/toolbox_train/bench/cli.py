@@ -9,7 +9,7 @@ after every row, then results.md (table, targets, memory scaling) and chart.png.
 Rows:
   bare      the model + optimizer + a plain loop, no Trainer (per backend: hf, unsloth)
   trl       TRL's SFTTrainer with HF + PEFT run directly (what a user would otherwise run)
-  finetune  toolbox_train.finetune.run() with backend/method set
+  finetune  toolbox_train.training.finetune.run() with backend/method set
   launch    `launch --strategy fsdp --nproc 1 -- finetune ...`
   memscale  LoRA at batch 1, growing sequence length until OOM (the longest that fits)
 """
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..entry import add_debug, debug_wanted, guarded
+from ..cli import add_debug, debug_wanted, guarded
 from .orchestrate import run_matrix
 from .report import merge, render_table, write_report
 from .rows import worker

@@ -165,7 +165,7 @@ def steps_from_metrics(out_dir: Path) -> tuple[list[float], list[int], list[floa
 
 
 def run_finetune(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict:
-    from toolbox_train import finetune
+    from toolbox_train.training import finetune
 
     device = spec_device(spec)
     out_dir = Path(workdir) / "out"
@@ -184,7 +184,7 @@ def run_launch(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict
     out_dir = Path(workdir) / "out"
     cfg_path = Path(workdir) / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(finetune_config(spec, model_dir, data_path, str(out_dir))))
-    cmd = [sys.executable, "-m", "toolbox_train.launch", "--strategy", spec["options"].get("strategy", "fsdp"),
+    cmd = [sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", spec["options"].get("strategy", "fsdp"),
            "--nproc", "1", "--", "finetune", "--config", str(cfg_path), "--overwrite"]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)

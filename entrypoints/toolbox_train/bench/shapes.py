@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UserError
+from ..cli import UserError
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(  # Llama-3.2-1B

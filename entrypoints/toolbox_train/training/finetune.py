@@ -5,10 +5,10 @@ plain Hugging Face. Everything that can be wrong with the input is checked befor
 model is loaded (exit 2, nothing written).
 
 The script is thin, as TRL's trl/scripts/sft.py is over its SFTConfig and SFTTrainer:
-  plan.py        the checks and the resolved Plan (what `launch` imports; nothing heavy)
-  models.py      the HF / Unsloth model loaders and the PEFT config
-  sft_config.py  TrainConfig + Plan -> TRL's SFTConfig
-  trainer.py     the SFTTrainer subclass (atomic checkpoints, LocalSGD, metrics, test hooks)
+  planning/checks.py  the checks and the resolved Plan (what `launch` imports; nothing heavy)
+  models.py           the HF / Unsloth model loaders and the PEFT config
+  sft_config.py       TrainConfig + Plan -> TRL's SFTConfig
+  trainer.py          the SFTTrainer subclass (atomic checkpoints, LocalSGD, metrics, test hooks)
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any, Sequence
 
 import yaml
 
-from . import preflight, report
-from .entry import add_debug, debug_wanted, guarded
-from .errors import UserError
-from .files import atomic_write
-from .plan import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
+from ..checks import preflight
+from ..cli import UserError, add_debug, debug_wanted, guarded
+from ..files import atomic_write
+from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
+from . import report
 
 
 def _trim_metrics(path: Path, upto: int) -> None:
@@ -92,7 +92,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     train_ds, eval_ds, fmt = preflight.validate(p)  # bad data is still bad input: before the model
     exports = report.parse_exports(p.cfg.output.export)
     if any(a[1] == "gguf" for a in exports):
-        from .llamacpp import find_tools
+        from ..export.llamacpp import find_tools
 
         find_tools(None)  # the tools must be there before hours of training, not after
     for n in p.notes:
@@ -176,7 +176,7 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
 def show_plan(config, overrides: Sequence[str], device_memory: str | None, world_size: int | None = None,
               fsdp: bool | None = None) -> int:
     """`--plan`: the memory plan on stdout; nothing loaded, nothing written. Exit 0, or 2 if nothing fits."""
-    from .planner import refusal
+    from ..planning.decisions import refusal
 
     p = plan(config, overrides, check_output=False, import_backend=False, device_memory=device_memory,
              refuse=False, world_size=world_size, fsdp=fsdp)

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ToolError, UserError
+from ..cli import ToolError, UserError
 
 DEFAULT_DIR = "/opt/llama.cpp"
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import UserError, first_line
+from ..cli import UserError, first_line
 from .rowcheck import Locate, check_rows, detect_format, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}

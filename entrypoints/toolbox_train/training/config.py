@@ -9,8 +9,8 @@ from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import UserError
-from .safe_yaml import SafeYamlError, load_file, load_text
+from ..cli import UserError
+from ..safe_yaml import SafeYamlError, load_file, load_text
 
 
 class _Strict(BaseModel):

@@ -8,7 +8,7 @@ rccl-tests/nccl-tests when it is installed (PATH or /opt/rccl/bin).
 
     rccl-check                      # every local GPU (or 2 CPU processes), all ops
     rccl-check --cpu --nproc 2      # gloo on the CPU
-    torchrun --nproc-per-node 2 -m toolbox_train.rccl_check   # under torchrun: any nodes
+    torchrun --nproc-per-node 2 -m toolbox_train.checks.rccl_check   # under torchrun: any nodes
 
 Exit 0 when every result is correct, 1 when one is not (or a rank failed), 2 for bad input.
 """
@@ -27,9 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from .entry import add_debug, debug_wanted, guarded
-from .errors import UserError
-from .files import atomic_write
+from ..cli import UserError, add_debug, debug_wanted, guarded
+from ..files import atomic_write
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # nccl-tests' PERFORMANCE.md: busbw = algbw * factor, which makes the numbers comparable to
@@ -256,7 +255,7 @@ def spawn_local(args, argv: list[str]) -> int:
                LOCAL_WORLD_SIZE=str(args.nproc), GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
     procs = []
     for r in range(args.nproc):
-        procs.append(subprocess.Popen([sys.executable, "-m", "toolbox_train.rccl_check", *argv],
+        procs.append(subprocess.Popen([sys.executable, "-m", "toolbox_train.checks.rccl_check", *argv],
                                       env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}))
     deadline = time.monotonic() + args.timeout
     codes: dict[int, int] = {}

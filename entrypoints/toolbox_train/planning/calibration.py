@@ -1,11 +1,11 @@
 """Calibrate the memory planner and find finetune's per-step host overhead, on a GPU.
 
-`python -m toolbox_train.memcal memory --out DIR` runs finetune configurations (bench's row
+`python -m toolbox_train.planning.calibration memory --out DIR` runs finetune configurations (bench's row
 worker, each in its own process, a few steps) several at a time on one GPU: peak memory is
 per process (`torch.cuda.max_memory_allocated`), so running them side by side does not change
 it. Writes memory.json: each row's measured peak next to the planner's prediction.
 
-`python -m toolbox_train.memcal probe --shape S --variant V --out DIR` runs finetune unsloth lora
+`python -m toolbox_train.planning.calibration probe --shape S --variant V --out DIR` runs finetune unsloth lora
 with a synchronised per-step timer (as bench's bare loops time themselves), optionally under
 torch.profiler and cProfile, to see what a step does on the host.
 """
@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import bench, memplan
+from .. import bench
+from . import arithmetic
 
 # (shape, backend, method, gradient checkpointing, batch, seq)
 MEMORY_ROWS = [
@@ -45,9 +46,9 @@ MEMORY_ROWS = [
 ]
 
 
-def setting_for(backend: str, method: str, gc, batch: int, seq: int, **kw) -> memplan.Setting:
+def setting_for(backend: str, method: str, gc, batch: int, seq: int, **kw) -> arithmetic.Setting:
     """The planner's view of a finetune run with these fields (finetune's defaults otherwise)."""
-    return memplan.Setting(method=method, backend=backend, liger=backend == "hf", gradient_checkpointing=gc,
+    return arithmetic.Setting(method=method, backend=backend, liger=backend == "hf", gradient_checkpointing=gc,
                            batch=batch, seq=seq, optimizer=kw.get("optimizer", "adamw_torch"))
 
 
@@ -95,7 +96,7 @@ def run_memory(out: Path, work: Path, parallel: int, budget_gib: float, rows=MEM
         while pending and len(running) < parallel:
             r = pending[0]
             shape, backend, method, gc, batch, seq = r
-            pred = memplan.estimate(memplan.Shape.from_config(bench.SHAPES[shape], shape),
+            pred = arithmetic.estimate(arithmetic.Shape.from_config(bench.SHAPES[shape], shape),
                                     setting_for(backend, method, gc, batch, seq)).peak_gib
             if running and in_use + pred * 1.3 > budget_gib:
                 break
@@ -125,9 +126,9 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
     import torch
     from transformers import TrainerCallback
 
-    from . import finetune, sft_config, trainer as trainer_mod
-    from .bench.environment import versions
-    from .bench.rows import run_bare
+    from ..training import finetune, sft_config, trainer as trainer_mod
+    from ..bench.environment import versions
+    from ..bench.rows import run_bare
 
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)

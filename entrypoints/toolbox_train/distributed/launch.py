@@ -19,14 +19,15 @@ from typing import Any
 
 import yaml
 
-from . import finetune, preflight, rdma
-from .entry import add_debug, debug_wanted, guarded
-from .errors import ToolError, UserError
-from .files import atomic_write
-from .plan import FINISHED, FINISHED_ENV, LAUNCH_DIR, plan
+from ..training import finetune
+from ..checks import preflight
+from . import rdma
+from ..cli import ToolError, UserError, add_debug, debug_wanted, guarded
+from ..files import atomic_write
+from ..planning.checks import FINISHED, FINISHED_ENV, LAUNCH_DIR, plan
 from .sync import ENV as SYNC_ENV, parse_sync
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # the toolbox_train package: accelerate/ is its data
 
 
 def shipped_config(name: str) -> Path:
@@ -190,7 +191,7 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     # One file per node: nodes sharing an output folder (NFS) must not read each other's machine_rank.
     acc_path = launch_dir / f"accelerate.node{args.node_rank}.yaml"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc_path),
-               "--max_restarts", str(args.max_restarts), "-m", "toolbox_train.finetune", *cmd[1:]]
+               "--max_restarts", str(args.max_restarts), "-m", "toolbox_train.training.finetune", *cmd[1:]]
     return {"args": args, "plan": p, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,
             "env": env, "reasons": reasons, "command": command, "world": world, "nproc": nproc, "cpu": cpu}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import UserError
+from ..cli import UserError
 
 ENV = "TOOLBOX_SYNC"
 DEFAULT = "every-step"

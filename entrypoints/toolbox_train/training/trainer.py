@@ -14,9 +14,10 @@ from pathlib import Path
 from transformers import TrainerCallback
 from trl import SFTTrainer
 
-from . import checkpoints, files
-from .plan import Plan, log
-from .sync import local_sgd_steps
+from . import checkpoints
+from .. import files
+from ..planning.checks import Plan, log
+from ..distributed.sync import local_sgd_steps
 
 LOCAL_SGD_STATE = "local_sgd.json"  # in each checkpoint: LocalSGD's step counter
 

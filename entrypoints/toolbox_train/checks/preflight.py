@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from itertools import islice
 
-from .data import Locate, load_datasets
-from .errors import UserError, first_line
-from .plan import Plan, log
-from .rowcheck import NAMED, refuse
+from ..training.data import Locate, load_datasets
+from ..cli import UserError, first_line
+from ..planning.checks import Plan, log
+from ..training.rowcheck import NAMED, refuse
 
 
 def load_tokenizer(p: Plan):

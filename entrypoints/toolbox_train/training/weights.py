@@ -7,7 +7,7 @@ import json
 import struct
 from pathlib import Path
 
-from .errors import first_line
+from ..cli import first_line
 
 # safetensors' own limit on the JSON header (100 MB); a larger length is garbage.
 MAX_HEADER = 100_000_000

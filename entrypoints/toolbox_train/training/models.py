@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .plan import Dist, Plan, using_fsdp
+from ..planning.checks import Dist, Plan, using_fsdp
 
 # Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
 VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")

@@ -105,8 +105,8 @@ def human(s: dict) -> str:
 def parse_exports(specs: list[str]) -> list[list[str]]:
     """`output.export` items -> export argument lists: `merged`, `gguf` or `gguf:q8_0,q4_k_m`
     (`+ollama` appended adds the Modelfile). Raises UserError on a bad item."""
-    from .errors import UserError
-    from .llamacpp import parse_quants
+    from ..cli import UserError
+    from ..export.llamacpp import parse_quants
 
     out = []
     for i, spec in enumerate(specs):
@@ -127,10 +127,10 @@ def parse_exports(specs: list[str]) -> list[list[str]]:
 
 
 def run_exports(out: Path, specs: list[list[str]]) -> list[dict]:
-    from . import export
+    from ..export import model as export_model
 
     done = []
     for argv in specs:
         print(f"finetune: output.export: export-model --run {out} {' '.join(argv)}", file=sys.stderr, flush=True)
-        done.append(export.run(["--run", str(out), "--overwrite", *argv]))
+        done.append(export_model.run(["--run", str(out), "--overwrite", *argv]))
     return done

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import checkpoints
-from .config import TrainConfig, load_located
-from .data import looks_like_hub_id, resolve_local
-from .errors import UserError
-from .sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
+from ..training import checkpoints
+from ..training.config import TrainConfig, load_located
+from ..training.data import looks_like_hub_id, resolve_local
+from ..cli import UserError
+from ..distributed.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 
 # Files `launch` writes into the output folder before finetune starts.
 LAUNCH_DIR = "launch"
@@ -67,7 +67,7 @@ class Plan:
     resume_from: Path | None = None
     notes: list[str] = field(default_factory=list)
     gradient_checkpointing: bool | str = True  # resolved (train.gradient_checkpointing: auto)
-    memory: Any = None  # planner.TrainPlan: the memory plan and why checkpointing is what it is
+    memory: Any = None  # decisions.TrainPlan: the memory plan and why checkpointing is what it is
     sync: str = SYNC_DEFAULT  # every-step or local-sgd:K (see sync.py)
     # A later check's message on a config field, prefixed with where the field is written.
     locate: Callable[[str], str] = field(default=lambda message: message, repr=False)
@@ -161,7 +161,7 @@ def output_problem(out: Path, resume: bool, overwrite: bool) -> str | None:
 
 def model_files_problem(model_path: str, cfg: TrainConfig) -> str | None:
     """A truncated or corrupt weight file of the model (a local folder or the HF cache's copy)."""
-    from .weights import model_folder_problem
+    from ..training.weights import model_folder_problem
 
     folder = Path(model_path)
     if not folder.is_dir():
@@ -287,16 +287,16 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
 def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, refuse: bool) -> None:
     """The memory planner's view (config.json only, no weights): resolves checkpointing `auto` and
     refuses a run that cannot fit before any weight is loaded (docs/benchmarks.md, Memory planner)."""
-    from . import planner
+    from . import decisions
 
     try:
-        dev = planner.parse_size(device_memory) if device_memory else (
-            planner.device_memory(local_rank=Dist.from_env().local_rank) if probe else None)
+        dev = decisions.parse_size(device_memory) if device_memory else (
+            decisions.device_memory(local_rank=Dist.from_env().local_rank) if probe else None)
     except ValueError as exc:
         raise UserError(f"--device-memory: {exc}") from None
     try:
-        unified = probe and planner.unified_memory(Dist.from_env().local_rank)
-        tp = planner.plan_training(p.cfg, p.model_config, p.backend, p.liger, p.world_size, fsdp,
+        unified = probe and decisions.unified_memory(Dist.from_env().local_rank)
+        tp = decisions.plan_training(p.cfg, p.model_config, p.backend, p.liger, p.world_size, fsdp,
                                    p.precision, dev, gpu=p.gpu, unified=unified)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
         p.gradient_checkpointing = True if p.cfg.train.gradient_checkpointing == "auto" \
@@ -305,7 +305,7 @@ def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, ref
                        f"{p.gradient_checkpointing}")
         return
     p.memory, p.gradient_checkpointing = tp, tp.decision.gradient_checkpointing
-    why = planner.refusal(tp)
+    why = decisions.refusal(tp)
     if why and refuse:
         raise UserError(f"memory: {why} (finetune --plan shows the candidates; --device-memory plans for "
                         "another device)")

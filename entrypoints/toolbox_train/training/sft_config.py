@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .plan import Dist, Plan, using_fsdp
+from ..planning.checks import Dist, Plan, using_fsdp
 
 
 def sft_args(p: Plan, dist: Dist):

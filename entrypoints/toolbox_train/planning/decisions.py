@@ -1,7 +1,7 @@
 """Decisions from the memory planner: `gradient_checkpointing: auto`, what fits, the `--plan` table.
 
-memplan.py is the arithmetic; this module chooses with it (finetune/launch `--plan`,
-`python -m toolbox_train.planner` for a table from a config.json or a known public shape).
+arithmetic.py is the arithmetic; this module chooses with it (finetune/launch `--plan`,
+`python -m toolbox_train.planning.decisions` for a table from a config.json or a known public shape).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .memplan import GiB, Estimate, Setting, Shape, estimate, parse_size
+from .arithmetic import GiB, Estimate, Setting, Shape, estimate, parse_size
 
 SAFETY = 0.85  # plan to use at most 85% of the device: the planner is calibrated to about +-15%
 

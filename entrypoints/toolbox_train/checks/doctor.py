@@ -1,4 +1,4 @@
-"""In-container health probe: `python -m toolbox_train.doctor [--lock FILE] [--json]`.
+"""In-container health probe: `python -m toolbox_train.checks.doctor [--lock FILE] [--json]`.
 
 Reports the GPU torch sees and its arch, the HIP/CUDA version, which librccl/libnccl
 torch loaded and its version, whether Unsloth imports, and the pins of the image's

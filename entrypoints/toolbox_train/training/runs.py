@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import UserError
+from ..cli import UserError
 
 MULTIMODAL_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
 

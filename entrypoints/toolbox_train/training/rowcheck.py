@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import UserError
+from ..cli import UserError
 
 NAMED = 5  # bad rows named in the message; the rest are counted
 ROLE_KEYS = ("messages", "conversations")

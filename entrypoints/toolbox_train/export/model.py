@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import llamacpp
-from .errors import ToolError, UserError
-from .runs import RunModel, find_finished, human_size, quiet_closed_stdout
+from ..cli import ToolError, UserError
+from ..training.runs import RunModel, find_finished, human_size, quiet_closed_stdout
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STAGING_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}  # lossless into the GGUF type

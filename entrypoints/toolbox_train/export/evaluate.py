@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from . import llamacpp
-from .errors import ToolError, UserError
-from .runs import RunModel, find_finished, quiet_closed_stdout, rows_to_texts
+from ..cli import ToolError, UserError
+from ..training.runs import RunModel, find_finished, quiet_closed_stdout, rows_to_texts
 
 
 def say(msg: str) -> None:
@@ -37,7 +37,7 @@ def load_texts(rm: RunModel, data: str | None, tok) -> list[str]:
         raise UserError(f"--data {path}: no such file")
     if path.suffix.lower() == ".txt":
         return [path.read_text(errors="replace")]
-    from .data import load_raw, shape
+    from ..training.data import load_raw, shape
 
     ds, _ = shape(load_raw(str(path.resolve()), "train", Path.cwd(), "--data"), "auto", "text", str(path))
     return rows_to_texts(ds, tok)
@@ -73,7 +73,7 @@ def hf_perplexity(model, ids: list[int], ctx: int, bos: int | None) -> dict:
 
 def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
     """The GGUF of the fine-tuned (`export`'s, made if missing) or of the base model (cached in RUN/eval)."""
-    from . import export
+    from . import model as export_model
 
     if which == "finetuned":
         have = rm.run / "export" / "gguf" / f"model-{quant}.gguf"
@@ -91,10 +91,10 @@ def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
     if f.is_file():
         return f
     if argv is not None:
-        export.execute(export.check(export.build_parser().parse_args(argv)))
+        export_model.execute(export_model.check(export_model.build_parser().parse_args(argv)))
         return f
     # The base: convert (and quantize) straight from its folder, atomically like export.
-    conv = export.conversion_type([quant])
+    conv = export_model.conversion_type([quant])
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

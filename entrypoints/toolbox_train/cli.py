@@ -1,6 +1,8 @@
-"""What every training CLI (finetune, launch, bench, rccl-check) does with an exception that
-reaches it: one line and a non-zero exit; the traceback only with --debug or TOOLBOX_DEBUG=1.
-The same contract as the host's `toolbox` CLI (toolbox/cli.py), which this package cannot import."""
+"""The one CLI contract of the training commands (finetune, launch, export-model, evaluate, bench,
+rccl-check): the errors they raise, `--debug`, and what happens to an exception that reaches
+the entry point: one line and a non-zero exit (UserError 2, ToolError 1, interrupt 130); the
+traceback only with --debug or TOOLBOX_DEBUG=1. The same contract as the host's `toolbox` CLI
+(toolbox/cli.py), which this package cannot import."""
 
 from __future__ import annotations
 
@@ -10,7 +12,24 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from .errors import ToolError, UserError, first_line
+
+class UserError(Exception):
+    """Bad input: the message names the file, field or line; exit code 2."""
+
+    exit_code = 2
+
+
+class ToolError(Exception):
+    """Something outside the user's input failed; exit code 1."""
+
+    exit_code = 1
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (libraries' messages run to many lines), or its type."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
 
 DEBUG_HELP = "show the traceback of an error (or TOOLBOX_DEBUG=1)"
 
