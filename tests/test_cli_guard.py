@@ -260,3 +260,13 @@ def test_a_dry_run_creates_nothing(capsys, tmp_path):
                      "--", "true")
     assert code == 0, err
     assert list(tmp_path.iterdir()) == []  # the real run makes the cache folder, not the dry one
+
+
+def test_build_context_folder_left_as_it_was_when_the_disk_is_full(tiny_fs):
+    ctx = tiny_fs / "ctx"
+    ctx.mkdir()  # an empty folder of the user's: filled whole, or left as it was
+    r = run("build", "--stack", "cpu", "--engine", "podman", "--context", str(ctx), "--dry-run")
+    assert r.returncode == 1 and one_line(r.stderr) and "No space left on device" in r.stderr, r.stderr
+    assert [p.name for p in tiny_fs.iterdir()] == ["ctx"] and list(ctx.iterdir()) == []
+    r = run("build", "--stack", "cpu", "--engine", "podman", "--context", "/etc/hostname", "--dry-run")
+    assert r.returncode == 2 and "--context /etc/hostname: exists and is not an empty folder" in r.stderr

@@ -61,8 +61,8 @@ def _check_inputs(args) -> None:
             raise UserError(f"--wheelhouse {args.wheelhouse}: not a directory")
         if not any(d.glob("*.whl")):
             raise UserError(f"--wheelhouse {args.wheelhouse}: holds no *.whl files")
-    if args.context is not None and args.context.exists() and any(args.context.iterdir()):
-        raise UserError(f"--context {args.context}: exists and is not empty")
+    if args.context is not None and args.context.exists() and (not args.context.is_dir() or any(args.context.iterdir())):
+        raise UserError(f"--context {args.context}: exists and is not an empty folder")
 
 
 def _fill_wheelhouse(src: Path, ctx: Path) -> None:
@@ -107,9 +107,7 @@ def run(args) -> int:
         print(lock_warning, file=sys.stderr)
 
     if args.context is not None:
-        ctx_parent, keep = args.context.resolve(), True
-        if ctx_parent.exists():
-            ctx_parent.rmdir()  # empty (checked); write_context creates it atomically
+        ctx_parent, keep = args.context.resolve(), True  # an empty folder: write_context replaces it whole
     else:
         keep = bool(args.dry_run)  # a dry run's commands must stay runnable
         ctx_parent = Path(tempfile.mkdtemp(prefix=f"toolbox-{stack.name}-")) / "context"
