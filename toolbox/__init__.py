@@ -1,3 +1,3 @@
-"""toolbox: pinned container images and training entrypoints for LLM fine-tuning."""
+"""The host side: the `toolbox` command, which builds a stack's pinned image and runs training in it."""
 
 __version__ = "0.1.0"

@@ -1,1 +1,1 @@
-"""Multi-node training over SSH: `toolbox cluster launch|check`."""
+"""Multi-node training over SSH: `toolbox cluster launch` and `toolbox cluster check`."""

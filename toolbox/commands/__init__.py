@@ -1,1 +1,1 @@
-"""One module per command group; each defines `register(subparsers)`."""
+"""The `toolbox` commands: one module per command group, each defining `register(subparsers)`."""
