@@ -87,3 +87,12 @@ def http_url(text: str) -> str:
     if parts is None or parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.scheme == "file"):
         raise argparse.ArgumentTypeError(f"{text!r} is not an http(s):// or file:// URL")
     return text
+
+
+def sync_mode(text: str) -> str:
+    """cluster --sync: what `launch --sync` takes (toolbox_train.distributed.sync), checked before
+    any host is asked rather than by every node's launch."""
+    k = text.removeprefix("local-sgd:") if text.startswith("local-sgd:") else None
+    if text != "every-step" and not (k and k.isdigit() and int(k) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected every-step or local-sgd:K with K >= 1")
+    return text

@@ -96,6 +96,8 @@ def test_other_ports_and_hosts_are_other_hosts(tmp_path):
     (["--master-port", "65536"], "argument --master-port: 65536 is not a TCP port (1-65535)"),
     (["--master-port", "-1"], "argument --master-port: -1 is not a TCP port"),
     (["--master-port", "http"], "argument --master-port: expected a TCP port (1-65535), not 'http'"),
+    (["--sync", "local-sgd:0"], "argument --sync: 'local-sgd:0': expected every-step or local-sgd:K with K >= 1"),
+    (["--sync", "sometimes"], "argument --sync: 'sometimes'"),
 ])
 def test_numbers_out_of_range_name_the_flag(args, needle):
     assert_refused(toolbox("cluster", "launch", "--hosts", "a,b", "--via", "none", *args, "--", "true"), needle)

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from toolbox.argtypes import container_name, count, image_ref, tcp_port
+from toolbox.argtypes import container_name, count, image_ref, sync_mode, tcp_port
 from toolbox.cluster import ports
 from toolbox.cluster.hosts import resolve_hosts
 from toolbox.cluster.nodecmd import launch_argv, node_env, substitute, wrap_via
@@ -240,7 +240,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="forward this variable's value (over SSH stdin, never argv); HF_TOKEN etc. go by default")
     p.add_argument("--master-port", type=tcp_port, default=29500)
     p.add_argument("--nproc", type=count, help="processes per node (default: launch decides, one per GPU)")
-    p.add_argument("--sync", help="gradient sync: every-step or local-sgd:K (passed to launch)")
+    p.add_argument("--sync", type=sync_mode, help="gradient sync: every-step or local-sgd:K (passed to launch)")
     p.add_argument("--cpu", action="store_true", help="train on CPU with gloo (tests, no GPU)")
     p.add_argument("--remote-path", help="directory put first on PATH on every host (e.g. a venv's bin) for --via none")
     p.add_argument("--workdir", help="directory to run in on every host (mounted at the same path with podman)")
