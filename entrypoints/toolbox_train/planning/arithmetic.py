@@ -164,6 +164,7 @@ class Setting:
     world_size: int = 1
     strategy: str = "single"  # single | ddp | fsdp
     unified_memory: bool = False  # APU: host offload takes the same memory
+    reference_copy: bool = False  # DPO/KTO full fine-tuning: a frozen copy of the model beside it
 
     @property
     def kernels(self) -> str:
@@ -180,6 +181,7 @@ class Setting:
         gc = {"off": "no ckpt", "on": "ckpt", "offload": "offloaded ckpt"}[self.gc]
         extra = f", {self.strategy} x{self.world_size}" if self.world_size > 1 else ""
         extra += f", {self.optimizer}" if "8bit" in self.optimizer else ""
+        extra += " +reference copy" if self.reference_copy else ""
         return f"{self.method} {self.kernels} {gc} b{self.batch} s{self.seq}{extra}"
 
 
@@ -257,6 +259,8 @@ def estimate(s: Shape, st: Setting) -> Estimate:
         parts["weights"] = lin * per + (n - lin) * e
     else:
         parts["weights"] = n * e
+    if st.reference_copy:  # frozen, in the training precision; FSDP shards it like the model
+        parts["reference_model"] = n * e / (world if st.strategy == "fsdp" else 1)
     # -- trainable parameters: grads, optimizer states, optimizer step temporaries
     if st.method == "full":
         trainable, tb = n - s.extra_params, e
@@ -321,7 +325,8 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     parts["grads"] = grads
     parts["step_temp"] = temp
     parts["overhead"] = CAL["overhead_gib"] * GiB
-    peak = parts["weights"] + states + parts.get("gathered_layers", 0) + phases[where] + parts["overhead"]
+    peak = (parts["weights"] + parts.get("reference_model", 0) + states + parts.get("gathered_layers", 0)
+            + phases[where] + parts["overhead"])
     if st.unified_memory:
         peak += host
     return Estimate(dataclasses.replace(st), parts, peak, host, where)

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .arithmetic import GiB, Estimate, Setting, Shape, estimate, parse_size
+from ..training.objective_config import reference
 
 SAFETY = 0.85  # plan to use at most 85% of the device: the planner is calibrated to about +-15%
 
@@ -119,8 +120,10 @@ class TrainPlan:
 
     def banner(self) -> str:
         e = self.estimate()
+        ref = e.parts.get("reference_model")
         return (f"memory plan: predicted peak {e.peak_gib:.1f} GiB per device"
                 + (f" of {self.device_bytes / GiB:.1f} GiB" if self.device_bytes else "")
+                + (f" (with the frozen reference copy, {ref / GiB:.2f} GiB)" if ref else "")
                 + f"; gradient checkpointing {self.decision.gradient_checkpointing} ({self.decision.reason})")
 
 
@@ -157,8 +160,12 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
+    objective = getattr(cfg, "objective", "sft")
+    # DPO/ORPO run chosen and rejected in one batch, KTO each row and a mismatched (KL) one
+    rows = 2 if objective in ("dpo", "orpo", "kto") else 1
     st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
-                 batch=t.per_device_batch_size, seq=cfg.data.max_seq_length, precision=precision,
+                 batch=t.per_device_batch_size * rows, seq=cfg.data.max_seq_length,
+                 reference_copy=objective != "sft" and reference(cfg) == "copy", precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
                  head="chunked" if gpu else "full", unified_memory=unified)  # TRL's fused head is a GPU kernel; on CPU the model's loss

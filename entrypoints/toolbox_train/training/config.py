@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..cli import UserError
 from ..safe_yaml import SafeYamlError, load_file, load_text
+from .objective_config import DpoCfg, GrpoCfg, KtoCfg, OrpoCfg
 
 
 class _Strict(BaseModel):
@@ -26,7 +27,8 @@ class ModelCfg(_Strict):
 
 class DataCfg(_Strict):
     path: str = Field(description="JSONL/Parquet/CSV file, a saved `datasets` folder, or a hub id")
-    format: Literal["auto", "text", "alpaca", "messages"] = "auto"
+    format: Literal["auto", "text", "alpaca", "messages", "preference", "unpaired", "prompt"] = Field(
+        "auto", description="auto: detected for sft; preference (dpo, orpo), unpaired (kto), prompt (grpo)")
     split: str = "train"
     text_field: str = "text"
     eval_path: str | None = None
@@ -81,13 +83,18 @@ class OutputCfg(_Strict):
 class TrainConfig(_Strict):
     model: ModelCfg
     data: DataCfg
+    objective: Literal["sft", "dpo", "orpo", "kto", "grpo"] = "sft"
+    dpo: DpoCfg = DpoCfg()
+    orpo: OrpoCfg = OrpoCfg()
+    kto: KtoCfg = KtoCfg()
+    grpo: GrpoCfg = GrpoCfg()
     method: Literal["full", "lora", "qlora", "lora-8bit"] = "lora"
     lora: LoraCfg = LoraCfg()
     backend: Literal["auto", "hf", "unsloth"] = "auto"
     train: TrainCfg = TrainCfg()
     output: OutputCfg
 
-    @field_validator("method", mode="before")
+    @field_validator("method", "objective", mode="before")
     @classmethod
     def _lower(cls, v: Any) -> Any:
         return v.lower() if isinstance(v, str) else v

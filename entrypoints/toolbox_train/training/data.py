@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..cli import UserError, first_line
+from . import pref_rows
+from .objective_config import DATA_FORMAT
 from .rowcheck import Locate, check_rows, detect_format, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -117,6 +119,8 @@ def shape(ds, fmt: str, text_field: str, path: str):
     """Map rows (already checked against `fmt`) to what SFTTrainer expects: `text`,
     `prompt`+`completion`, or `messages`. Row order is kept, so a row's index still locates it."""
     cols = list(ds.column_names)
+    if fmt in pref_rows.FORMATS:  # TRL's own column names; anything else is left out
+        return ds.select_columns([c for c in pref_rows.COLUMNS[fmt] if c in cols])
     if fmt == "text":
         if text_field not in cols:
             raise UserError(f"data.text_field: {path}: no column {text_field!r} (has {cols})")
@@ -139,10 +143,25 @@ def shape(ds, fmt: str, text_field: str, path: str):
 Check = Callable[[Any, str, Locate, str], None]
 
 
+def data_format(cfg) -> str:
+    """The format the objective reads: SFT's are detected (`auto`) or named; each preference
+    objective reads one of TRL's types, which `data.format` may name but not contradict."""
+    want = DATA_FORMAT.get(cfg.objective)
+    have = cfg.data.format
+    if want is None and have in pref_rows.FORMATS:
+        raise UserError(f"data.format: {have} is data for "
+                        f"{'/'.join(k for k, v in DATA_FORMAT.items() if v == have)}, not objective sft")
+    if want is not None and have not in ("auto", want):
+        raise UserError(f"data.format: objective {cfg.objective} trains on {want} rows "
+                        f"({pref_rows.HINT[want]}), not {have}")
+    return want or have
+
+
 def load_datasets(cfg, base: Path, check: Check | None = None):
     """(train, eval or None, format) for the config's `data` section, every row checked."""
     d = cfg.data
-    train, fmt, where = load_raw(d.path, d.split, base, "data.path", d.format, d.text_field)
+    fmt = data_format(cfg)
+    train, fmt, where = load_raw(d.path, d.split, base, "data.path", fmt, d.text_field)
     train = shape(train, fmt, d.text_field, d.path)
     if check:
         check(train, fmt, where, "data.path")

@@ -27,7 +27,10 @@ from ..checks import preflight
 from ..cli import UserError, add_debug, debug_wanted, guarded
 from ..files import atomic_write
 from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
-from . import report
+from . import objectives, report
+from .objective_config import DATA_FORMAT, reference
+
+OBJECTIVE_SECTIONS = set(DATA_FORMAT)
 
 
 def _trim_metrics(path: Path, upto: int) -> None:
@@ -66,10 +69,13 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
         _trim_metrics(p.out / "metrics.jsonl", 0)  # starting over: the lines of the lost steps go
     resolved = p.cfg.model_dump(mode="json")
     resolved["model"]["path"] = p.model_path
+    for other in OBJECTIVE_SECTIONS - {p.cfg.objective}:  # the objective's own section is the one used
+        resolved.pop(other)
     resolved["_resolved"] = {"backend": p.backend, "precision": p.precision, "world_size": p.world_size,
                              "gradient_accumulation_steps": p.grad_accum, "liger": p.liger,
                              "data_format": fmt, "sync": p.sync,
-                             "gradient_checkpointing": p.gradient_checkpointing}
+                             "gradient_checkpointing": p.gradient_checkpointing,
+                             "objective": p.cfg.objective, "reference_model": reference(p.cfg)}
     if p.memory is not None:
         est = p.memory.estimate()
         resolved["_resolved"].update(
@@ -90,6 +96,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0,
              device_memory=device_memory)
     train_ds, eval_ds, fmt = preflight.validate(p)  # bad data is still bad input: before the model
+    rewards = objectives.check(p, dist.world_size)  # GRPO's reward functions, before the model too
     exports = report.parse_exports(p.cfg.output.export)
     if any(a[1] == "gguf" for a in exports):
         from ..export.llamacpp import find_tools
@@ -99,6 +106,8 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         log(n)
     log(f"backend {p.backend}, method {p.cfg.method}, data {fmt} ({len(train_ds)} rows), "
         f"precision {p.precision}, world size {p.world_size}, grad accumulation {p.grad_accum}, liger {p.liger}")
+    if p.cfg.objective != "sft":
+        log(objectives.describe(p.cfg))
     if p.memory is not None:
         log(p.memory.banner())
     if dist.rank == 0:
@@ -116,10 +125,14 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         tok.pad_token = tok.eos_token
 
     summary: dict[str, Any] = {"output_dir": str(p.out)}
-    args = sft_args(p, dist)
-    trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                      processing_class=tok, peft_config=peft_cfg, plan=p,
-                      callbacks=[Metrics(p.out / "metrics.jsonl", summary)])
+    callbacks = [Metrics(p.out / "metrics.jsonl", summary)]
+    if p.cfg.objective == "sft":
+        args = sft_args(p, dist)
+        trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                          processing_class=tok, peft_config=peft_cfg, plan=p, callbacks=callbacks)
+    else:
+        trainer = objectives.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, rewards)
+        args = trainer.args
     report.step_lines(trainer)  # per-step lines on stderr; stdout keeps the summary alone
     if args.save_on_each_node:
         # transformers 5.x writes model weights on global rank 0 only, whatever save_on_each_node
@@ -147,7 +160,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
 
 def summarize(p: Plan, trainer, summary: dict) -> dict:
     """The end-of-run summary (returned, printed by main, summary.json on rank 0)."""
-    from .trainer import peak_mem_gib, weights_digest
+    from .trainer import OBJECTIVE_METRICS, peak_mem_gib, weights_digest
 
     if trainer.accelerator.num_processes > 1 and not trainer.is_fsdp_enabled:
         # Every rank must end with the same weights (DDP, or LocalSGD after its last average).
@@ -162,6 +175,9 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
             if (p.out / "metrics.jsonl").exists() else []
         if rows:  # the whole run's, a resumed one included
             summary["first_loss"], summary["last_loss"] = rows[0]["loss"], rows[-1]["loss"]
+            if p.cfg.objective != "sft":  # e.g. DPO's rewards/accuracies, GRPO's mean reward
+                summary["objective"] = {"name": p.cfg.objective, **{
+                    k: {"first": rows[0][k], "last": rows[-1][k]} for k in OBJECTIVE_METRICS if k in rows[-1]}}
     summary.setdefault("first_loss", None)
     summary.setdefault("last_loss", None)
     if trainer.is_world_process_zero():

@@ -79,6 +79,9 @@ def model_location(out: Path, method: str, save: str) -> str:
     return where + (f"; merged model in {out / 'merged'}" if save == "both" else "")
 
 
+HUMAN_METRICS = ("rewards/accuracies", "rewards/margins", "kl", "reward")
+
+
 def human(s: dict) -> str:
     fl, ll = s.get("first_loss"), s.get("last_loss")
     lines = [
@@ -90,6 +93,10 @@ def human(s: dict) -> str:
     ]
     if s.get("eval_loss") is not None:
         lines.append(f"  eval loss    {s['eval_loss']:.4f}")
+    obj = s.get("objective") or {}
+    shown = [f"{k} {v['first']:.3g} -> {v['last']:.3g}" for k, v in obj.items() if k in HUMAN_METRICS]
+    if shown:
+        lines.append(f"  {obj['name']:<12} " + ", ".join(shown))
     lines.append(f"  model        {s.get('model_location', s['output_dir'])}")
     lines.append(f"  files        metrics.jsonl, summary.json" + (", loss.png" if s.get("loss_png") else
                                                                    " (no loss.png: matplotlib not installed)"))

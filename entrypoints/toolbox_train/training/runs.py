@@ -131,14 +131,24 @@ class RunModel:
 
 
 def rows_to_texts(ds, tokenizer) -> list[str]:
+    """Eval rows as text: SFT's, or the preferred continuation of preference rows (chosen; an
+    unpaired row only when labelled desirable)."""
     out = []
     for row in ds:
         if "text" in row:
             out.append(str(row["text"]))
-        elif "prompt" in row:
-            out.append(f"{row['prompt']}{row['completion']}")
         elif "messages" in row:
             out.append(tokenizer.apply_chat_template(row["messages"], tokenize=False))
+        elif "chosen" in row or "completion" in row:
+            if row.get("label") is False:
+                continue
+            done = row["chosen"] if "chosen" in row else row["completion"]
+            prompt = row.get("prompt") or ([] if isinstance(done, list) else "")
+            out.append(tokenizer.apply_chat_template(prompt + done, tokenize=False) if isinstance(done, list)
+                       else f"{prompt}{done}")
+        elif "prompt" in row:  # GRPO's prompt-only rows
+            p = row["prompt"]
+            out.append(tokenizer.apply_chat_template(p, tokenize=False) if isinstance(p, list) else str(p))
     return out
 
 

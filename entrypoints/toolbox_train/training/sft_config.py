@@ -1,4 +1,5 @@
-"""The mapping of a TrainConfig (and what the checks resolved) onto TRL's SFTConfig."""
+"""The mapping of a TrainConfig (and what the checks resolved) onto TRL's SFTConfig (and the
+arguments the preference objectives share with it, objectives.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ from ..planning.checks import Dist, Plan, using_fsdp
 def sft_args(p: Plan, dist: Dist):
     from trl import SFTConfig
 
+    c = p.cfg
+    return SFTConfig(**common_args(p, dist), max_length=c.data.max_seq_length, packing=c.data.packing,
+                     shuffle_dataset=c.data.shuffle, dataset_text_field="text", use_liger_kernel=p.liger)
+
+
+def common_args(p: Plan, dist: Dist) -> dict:
+    """The TrainingArguments every objective shares (SFT's and the preference trainers')."""
     c, t, o = p.cfg, p.cfg.train, p.cfg.output
     gc = p.gradient_checkpointing  # resolved by the memory plan
     # Unsloth sets up its own (offloaded) checkpointing; under FSDP the accelerate config's
@@ -18,7 +26,7 @@ def sft_args(p: Plan, dist: Dist):
     has_eval = bool(c.data.eval_path or c.data.eval_split > 0)
     if o.tensorboard:
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(p.out / "tensorboard"))
-    return SFTConfig(
+    return dict(
         output_dir=str(p.out / "checkpoints"),
         per_device_train_batch_size=t.per_device_batch_size,
         per_device_eval_batch_size=t.per_device_batch_size,
@@ -47,12 +55,7 @@ def sft_args(p: Plan, dist: Dist):
         disable_tqdm=not o.progress_bar or dist.rank != 0,
         gradient_checkpointing=hf_gc,
         gradient_checkpointing_kwargs={"use_reentrant": False} if hf_gc else None,
-        max_length=c.data.max_seq_length,
-        packing=c.data.packing,
-        shuffle_dataset=c.data.shuffle,
-        dataset_text_field="text",
         ddp_find_unused_parameters=False,
-        use_liger_kernel=p.liger,
         include_num_input_tokens_seen="non_padding",
         dataloader_num_workers=0,
         save_only_model=False,

@@ -1,5 +1,6 @@
 """The Trainer: TRL's SFTTrainer with atomic checkpoints, LocalSGD, a metrics callback and the
-test hooks. Imported only once the checks have passed (TRL and torch are heavy; Unsloth, when
+test hooks (the Toolbox mixin, which the preference objectives' trainers share). Imported only
+once the checks have passed (TRL and torch are heavy; Unsloth, when
 used, must be imported before them, which `plan` does).
 """
 
@@ -20,6 +21,8 @@ from ..planning.checks import Plan, log
 from ..distributed.sync import local_sgd_steps
 
 LOCAL_SGD_STATE = "local_sgd.json"  # in each checkpoint: LocalSGD's step counter
+OBJECTIVE_METRICS = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected", "kl",
+                     "log_odds_ratio", "reward", "reward_std")
 
 
 def peak_mem_gib() -> float:
@@ -62,6 +65,9 @@ class Metrics(TrainerCallback):
         }
         if "grad_norm" in logs:
             row["grad_norm"] = float(logs["grad_norm"])
+        for k in OBJECTIVE_METRICS:  # the preference objectives' own (TRL's names)
+            if isinstance(logs.get(k), (int, float)):
+                row[k] = float(logs[k])
         self.t_last, self.tok_last = now, tokens
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -95,8 +101,9 @@ def fused_head_ok(inputs) -> bool:
     return getattr(trl_utils, "_ChunkedLogProbFunction", None) is not None and (ids is None or ids.is_cuda)
 
 
-class Trainer(SFTTrainer):
-    """SFTTrainer with atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
+class Toolbox:
+    """What every objective's trainer gets on top of TRL's (SFTTrainer here, DPO/ORPO/KTO/GRPO in
+    objectives.py): atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
 
     `plan`: the resolved Plan (checkpoint rotation, CPU optimizer loading, the sync mode).
     """
@@ -143,14 +150,6 @@ class Trainer(SFTTrainer):
                 pass
             checkpoints.rotate(root, self.toolbox_plan.cfg.output.keep_checkpoints)
         self.accelerator.wait_for_everyone()
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if fused_head_ok(inputs):
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        # TRL's fused LM-head loss is a Triton kernel (GPU only): on CPU use the model's own loss.
-        from transformers import Trainer as HFTrainer
-
-        return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
     def _count_allreduces(self, model):
         # Test hook (TOOLBOX_COUNT_GRAD_ALLREDUCE=1): DDP's own all-reduce, counted per bucket.
@@ -229,6 +228,18 @@ class Trainer(SFTTrainer):
         if self._local_sgd is not None:
             self._local_sgd._sync_and_avg_model_params()  # the last average, as LocalSGD's __exit__ does
             self._local_sgd = None
+
+
+class Trainer(Toolbox, SFTTrainer):
+    """SFTTrainer with the Toolbox additions."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if fused_head_ok(inputs):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # TRL's fused LM-head loss is a Triton kernel (GPU only): on CPU use the model's own loss.
+        from transformers import Trainer as HFTrainer
+
+        return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
 
 def weights_digest(model) -> str:
