@@ -179,26 +179,67 @@ class TestUser:
         return user
 
     def _find_python(self) -> None:
+        """PYTHONPATH and an interpreter the user can run the host CLI with. A checkout in a
+        private folder (a 0700 home, as on current Fedora and Ubuntu) is out of the user's
+        reach, its .venv too: then the user gets its own copy, in its home, of the checkout's
+        source and of the installed packages the host CLI needs."""
         import sysconfig
 
-        src = ROOT
-        if self.run(["test", "-r", str(ROOT / "toolbox" / "cli.py")], check=False).returncode != 0:
-            src = self.home / "toolbox-src"  # the checkout is not readable for the user: a copy
-            shutil.rmtree(src, ignore_errors=True)
-            for part in ("toolbox", "entrypoints"):
-                shutil.copytree(ROOT / part, src / part)
-        paths = dict.fromkeys([str(src), str(src / "entrypoints"), sysconfig.get_paths()["purelib"],
-                               sysconfig.get_paths()["platlib"]])
+        site = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+        paths = [str(ROOT), str(ROOT / "entrypoints"), *site]
+        if not all(self.can_read(Path(p)) for p in (ROOT / "toolbox" / "cli.py", *site)):
+            paths = self._copy_checkout()
         self.pythonpath = os.pathsep.join(paths)
-        probe = ["-c", "import toolbox.cli, docker, pydantic, yaml, jinja2"]
         tried = []
-        for py in (sys.executable, "/usr/bin/python3"):
-            cp = self.run([py, *probe], check=False)
+        for py in self._interpreters():
+            cp = self.run([py, "-c", "import toolbox.cli, docker, pydantic, yaml, jinja2"], check=False)
             if cp.returncode == 0:
                 self.python = py
                 return
-            tried.append(f"{py}: {cp.stderr.strip()[-300:]}")
+            tried.append(f"{py}: {(cp.stderr.strip() or cp.stdout.strip())[-300:]}")
         pytest.fail(f"no Python the user {self.name} can run this checkout with: {tried}")
+
+    def can_read(self, path: Path) -> bool:
+        return self.run(["test", "-r", str(path)], check=False).returncode == 0
+
+    def _interpreters(self) -> list[str]:
+        """This Python (a venv's links to its base, then the base), then the system's of the same
+        minor version (the copied compiled packages, pydantic-core, are built for it)."""
+        ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        found = [sys.executable, getattr(sys, "_base_executable", sys.executable),
+                 os.path.realpath(sys.executable), shutil.which(ver, path="/usr/local/bin:/usr/bin:/bin")]
+        return list(dict.fromkeys(p for p in found if p))
+
+    def _copy_checkout(self) -> list[str]:
+        """The checkout's source and the host CLI's installed packages (the base dependencies of
+        strix-toolbox, found from the installed metadata) under ~/toolbox-src, owned by the user."""
+        from importlib import metadata
+
+        from packaging.requirements import Requirement
+
+        dest = self.home / "toolbox-src"
+        shutil.rmtree(dest, ignore_errors=True)
+        skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+        for part in ("toolbox", "entrypoints", "dockerfiles", "rccl-patches"):
+            shutil.copytree(ROOT / part, dest / part, ignore=skip)
+        shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
+        todo, done = [Requirement(r) for r in metadata.requires("strix-toolbox") or []], set()
+        while todo:
+            req = todo.pop()
+            name = req.name.lower().replace("_", "-")
+            if name in done or (req.marker and not req.marker.evaluate({"extra": ""})):
+                continue  # extras (train, test ...) are not what the host CLI needs
+            done.add(name)
+            dist = metadata.distribution(req.name)
+            for f in dist.files or []:
+                src = Path(dist.locate_file(f))
+                if f.parts[0] == ".." or not src.is_file() or "__pycache__" in f.parts:
+                    continue  # console scripts in the venv's bin; byte code is made again
+                (dest / "site" / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / "site" / f)
+            todo += [Requirement(r) for r in dist.requires or []]
+        subprocess.run(["chown", "-R", f"{self.uid}:{self.gid}", str(dest)], check=True)
+        return [str(dest), str(dest / "entrypoints"), str(dest / "site")]
 
     def env(self, **extra: str) -> dict:
         return {"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name, "SHELL": "/bin/bash",
