@@ -203,3 +203,28 @@ def test_dpo_on_the_unsloth_path_uses_the_adapter_disabled_base(tmp_path, tiny_m
     assert tr.ref_model is None and type(tr).__name__ == "ToolboxDPOTrainer"
     tr.train()
     assert summary["steps"] == 2
+
+
+@pytest.mark.slow
+def test_dpo_under_ddp_two_cpu_ranks_ends_with_one_set_of_weights(tmp_path, tiny_model):
+    """launch's DDP (gloo) around the DPO trainer: both ranks hold the same adapter, rank 0 logs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = tmp_path / "dpo.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tmp_path, tiny_model, "dpo", "lora", **{
+        "train.max_steps": 4, "train.per_device_batch_size": 4, "train.batch_size": 8})))
+    env = {**os.environ, "PYTHONPATH": str(root / "entrypoints"), "OMP_NUM_THREADS": "1"}
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(k, None)
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--nproc",
+                        "2", "--cpu", "--", "finetune", "--config", str(cfg), "--json"],
+                       capture_output=True, text=True, timeout=400, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(s["rank_weight_sha256"]) == 2 and len(set(s["rank_weight_sha256"])) == 1
+    assert [m["step"] for m in _metrics(tmp_path / "out")] == [1, 2, 3, 4]
+    assert s["objective"]["rewards/accuracies"]["last"] > 0.5
