@@ -34,13 +34,21 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
 DEBUG_HELP = "show the traceback of an error (or TOOLBOX_DEBUG=1)"
 
 
-def add_debug(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def command_parser(prog: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
+    """The parser of a training command, `--debug` included: the command adds only its own options."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, **kw)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     return parser
 
 
-def debug_wanted(argv: Sequence[str]) -> bool:
-    return os.environ.get("TOOLBOX_DEBUG") == "1" or "--debug" in argv
+def run_command(prog: str, body: Callable[[list[str]], int | None], argv: Sequence[str] | None = None,
+                interrupted: str = "interrupted") -> int:
+    """A training command's `main`: `body(argv)` (which parses argv with its command_parser) under the
+    guard. --debug counts before a `--` only: what follows is another command's (`launch -- finetune`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    return _guarded(prog, lambda: body(argv), os.environ.get("TOOLBOX_DEBUG") == "1" or "--debug" in own,
+                   interrupted)
 
 
 def _quiet_stdout() -> None:
@@ -48,8 +56,9 @@ def _quiet_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def guarded(prog: str, body: Callable[[], int | None], debug: bool) -> int:
-    """Run `body` (argument parsing included); turn what escapes it into a message and an exit code."""
+def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted: str = "interrupted") -> int:
+    """Run `body` (argument parsing included); turn what escapes it into one line and an exit code:
+    UserError 2, ToolError 1, KeyboardInterrupt 130, anything else 1 (the traceback only with debug)."""
     try:
         code = int(body() or 0)
         sys.stdout.flush()
@@ -60,7 +69,7 @@ def guarded(prog: str, body: Callable[[], int | None], debug: bool) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{prog}: {interrupted}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `bench list | head -1`: the reader left; say nothing
         _quiet_stdout()

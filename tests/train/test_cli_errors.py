@@ -1,4 +1,4 @@
-"""Every training CLI (finetune, launch, bench, rccl-check), run as the user runs it: broken
+"""Every training CLI (finetune, launch, bench, rccl-check, export-model, evaluate), run as the user runs it: broken
 input is one line and exit 2 with nothing written, an unexpected error one line and exit 1
 (the traceback only with --debug or TOOLBOX_DEBUG=1), --help works, a closed pipe is quiet."""
 
@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from toolbox_train.export import evaluate, model as export_model
 from toolbox_train.training import finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 CLIS = {"finetune": "toolbox_train.training.finetune", "launch": "toolbox_train.distributed.launch", "bench": "toolbox_train.bench",
-        "rccl-check": "toolbox_train.checks.rccl_check"}
+        "rccl-check": "toolbox_train.checks.rccl_check", "export-model": "toolbox_train.export.model",
+        "evaluate": "toolbox_train.export.evaluate"}
 
 
 def _run(name: str, *args: str, cwd: Path | None = None, env: dict | None = None):
@@ -45,6 +47,8 @@ def test_help(name):
     ("bench", ["render", "nope.json", "--out", "o"], "nope.json: cannot read results"),
     ("rccl-check", ["--ops", "bogus", "--json", "r.json"], "--ops: unknown bogus"),
     ("rccl-check", ["--sizes", "12Q"], "size '12Q'"),
+    ("export-model", ["--run", "nope", "--to", "merged"], "nope: no such folder"),
+    ("evaluate", ["--run", "nope", "--backend", "hf"], "nope: no such folder"),
 ])
 def test_broken_input_is_one_line_exit_2_nothing_written(tmp_path, name, args, expect):
     r = _run(name, *args, cwd=tmp_path)
@@ -81,3 +85,24 @@ def test_a_reader_that_leaves_early_is_quiet(name, args):
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0 and err == "", err
+
+
+@pytest.mark.parametrize("module,prog", [(export_model, "export-model"), (evaluate, "evaluate")])
+def test_export_and_evaluate_return_through_the_same_guard(monkeypatch, capsys, module, prog):
+    def boom(argv):
+        raise RuntimeError("disk on fire\nsecond line")
+
+    monkeypatch.setattr(module, "run", boom)
+    monkeypatch.delenv("TOOLBOX_DEBUG", raising=False)
+    assert module.main(["--run", "r"]) == 1
+    assert capsys.readouterr().err == (f"{prog}: internal error: RuntimeError: disk on fire "
+                                       "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)\n")
+    assert module.main(["--run", "r", "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+    def interrupt(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "run", interrupt)
+    assert module.main(["--run", "r"]) == 130
+    assert capsys.readouterr().err.startswith(f"{prog}: interrupted")

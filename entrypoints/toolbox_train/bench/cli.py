@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..cli import add_debug, debug_wanted, guarded
+from ..cli import command_parser, run_command
 from .orchestrate import run_matrix
 from .report import merge, render_table, write_report
 from .rows import worker
@@ -31,7 +31,7 @@ from .suites import SUITES, build_matrix, select_rows
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     if p is None:
-        p = add_debug(argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0]))
+        p = command_parser("bench", __doc__.splitlines()[0])
     sub = p.add_subparsers(dest="bench_cmd", required=True)
     r = sub.add_parser("run", help="run the matrix and write results.json, results.md, chart.png")
     r.add_argument("--shapes", default="llama-1b", help=f"comma-separated, of: {', '.join(SHAPES)}")
@@ -97,4 +97,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_row"]:  # one row's worker process: its log keeps the traceback of a failed row
         return worker(argv[1], argv[2])
-    return guarded("bench", lambda: dispatch(build_parser().parse_args(argv)), debug_wanted(argv))
+    return run_command("bench", lambda argv: dispatch(build_parser().parse_args(argv)), argv)

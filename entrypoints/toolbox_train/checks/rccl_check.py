@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import UserError, add_debug, debug_wanted, guarded
+from ..cli import UserError, command_parser, run_command
 from ..files import atomic_write
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -82,9 +82,8 @@ def size_list(args) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rccl-check", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = command_parser("rccl-check", __doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--nproc", type=int, default=None,
                    help="local processes to start (default: one per GPU, or 2 on the CPU); "
                         "ignored under torchrun")
@@ -103,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-reduce-perf", choices=("auto", "on", "off"), default="auto",
                    help="run rccl-tests' all_reduce_perf afterwards: auto = when installed and on GPUs")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the local ranks are stopped")
-    return add_debug(p)
+    return p
 
 
 # ---------------------------------------------------------------- worker (one rank)
@@ -349,8 +348,7 @@ def parse_nccl_tests(out: str) -> dict:
 # ---------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return guarded("rccl-check", lambda: _run(argv), debug_wanted(argv))
+    return run_command("rccl-check", _run, argv)
 
 
 def _run(argv: list[str]) -> int:

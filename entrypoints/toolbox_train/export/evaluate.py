@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from . import llamacpp
-from ..cli import ToolError, UserError
-from ..training.runs import RunModel, find_finished, quiet_closed_stdout, rows_to_texts
+from ..cli import UserError, command_parser, run_command
+from ..training.runs import RunModel, find_finished, rows_to_texts
 
 
 def say(msg: str) -> None:
@@ -137,8 +137,8 @@ def _hf_generate(model, tok, prompt: str, n: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="evaluate", description="Perplexity (and greedy completions) of the base "
-                                 "and the fine-tuned model, side by side.")
+    ap = command_parser("evaluate", "Perplexity (and greedy completions) of the base and the fine-tuned "
+                        "model, side by side.")
     ap.add_argument("--run", required=True, help="the finetune output folder")
     ap.add_argument("--data", help="held-out text: .txt, or a dataset file like finetune's (default: the run's eval split)")
     ap.add_argument("--backend", choices=["llama", "hf"], default="llama",
@@ -245,17 +245,12 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-@quiet_closed_stdout
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        result = run(argv)
-    except (UserError, ToolError) as exc:
-        print(f"evaluate: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("evaluate: interrupted", file=sys.stderr)
-        return 130
+    return run_command("evaluate", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    result = run(argv)
     print(json.dumps(result) if "--json" in argv else report(result))
     return 0
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import llamacpp
-from ..cli import ToolError, UserError
-from ..training.runs import RunModel, find_finished, human_size, quiet_closed_stdout
+from ..cli import UserError, command_parser, run_command
+from ..training.runs import RunModel, find_finished, human_size
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STAGING_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}  # lossless into the GGUF type
@@ -203,8 +203,8 @@ def execute(job: Job) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description="Export a finished finetune run: merged 16-bit "
-                                 "safetensors, or GGUF files for llama.cpp / Ollama / LM Studio.")
+    ap = command_parser(PROG, "Export a finished finetune run: merged 16-bit safetensors, or GGUF files for "
+                        "llama.cpp / Ollama / LM Studio.")
     ap.add_argument("--run", required=True, help="the finetune output folder")
     ap.add_argument("--to", required=True, choices=["merged", "gguf"])
     ap.add_argument("--quant", default=None, help="GGUF types, comma-separated (default f16), e.g. f16,q8_0,q4_k_m")
@@ -229,17 +229,14 @@ def run(argv: list[str]) -> dict:
     return execute(job)
 
 
-@quiet_closed_stdout
 def main(argv: list[str] | None = None) -> int:
-    try:
-        result = run(sys.argv[1:] if argv is None else argv)
-    except (UserError, ToolError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted (nothing written)", file=sys.stderr)
-        return 130
-    if "--json" in (sys.argv[1:] if argv is None else argv):
+    # A partial result is never left: execute() writes into a temporary folder and renames it.
+    return run_command(PROG, _main, argv, interrupted="interrupted (nothing written)")
+
+
+def _main(argv: list[str]) -> int:
+    result = run(argv)
+    if "--json" in argv:
         print(json.dumps(result))
     else:
         total = sum(f["bytes"] for f in result["files"])

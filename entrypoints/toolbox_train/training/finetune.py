@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import yaml
 
 from ..checks import preflight
-from ..cli import UserError, add_debug, debug_wanted, guarded
+from ..cli import UserError, command_parser, run_command
 from ..files import atomic_write
 from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
 from . import objectives, report
@@ -209,7 +209,7 @@ def show_plan(config, overrides: Sequence[str], device_memory: str | None, world
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="finetune", description="Fine-tune a causal LM per a train.yaml.")
+    ap = command_parser("finetune", "Fine-tune a causal LM per a train.yaml.")
     ap.add_argument("--config", required=True, help="train.yaml")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. train.learning_rate=1e-4 (repeatable)")
@@ -221,30 +221,29 @@ def build_parser() -> argparse.ArgumentParser:
                     "for a Strix Halo) instead of this GPU's free memory")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout "
                     "(default: a short human summary; the same JSON is in OUTPUT/summary.json)")
-    return add_debug(ap)
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_command("finetune", _main, argv)
 
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        if args.plan:
-            return show_plan(args.config, args.set, args.device_memory)
-        summary = run(args.config, args.set, resume=args.resume, overwrite=args.overwrite,
-                      device_memory=args.device_memory)
-        shutdown_distributed()
-        if Dist.from_env().rank == 0:
-            print(json.dumps(summary) if args.json else report.human(summary))
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            # `toolbox cluster launch` reads this: a node that exits non-zero after it lost nothing.
-            print(f"finetune: node {os.environ.get('GROUP_RANK', '0')} finished: {summary.get('steps')} steps",
-                  file=sys.stderr, flush=True)
-            if os.environ.get(FINISHED_ENV):
-                atomic_write(Path(os.environ[FINISHED_ENV]), json.dumps({"steps": summary.get("steps")}) + "\n")
-        return 0
 
-    return guarded("finetune", body, debug_wanted(argv))
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.plan:
+        return show_plan(args.config, args.set, args.device_memory)
+    summary = run(args.config, args.set, resume=args.resume, overwrite=args.overwrite,
+                  device_memory=args.device_memory)
+    shutdown_distributed()
+    if Dist.from_env().rank == 0:
+        print(json.dumps(summary) if args.json else report.human(summary))
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        # `toolbox cluster launch` reads this: a node that exits non-zero after it lost nothing.
+        print(f"finetune: node {os.environ.get('GROUP_RANK', '0')} finished: {summary.get('steps')} steps",
+              file=sys.stderr, flush=True)
+        if os.environ.get(FINISHED_ENV):
+            atomic_write(Path(os.environ[FINISHED_ENV]), json.dumps({"steps": summary.get("steps")}) + "\n")
+    return 0
 
 
 def shutdown_distributed() -> None:

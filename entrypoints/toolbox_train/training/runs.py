@@ -13,35 +13,6 @@ from ..cli import UserError
 MULTIMODAL_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
 
 
-def quiet_closed_stdout(main):
-    """`CMD --help | head -1`: when the reader has left, exit quietly (no BrokenPipeError at the
-    flush Python makes on exit), as the toolbox CLI does."""
-    import functools
-    import os
-    import sys
-
-    def devnull():
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-    @functools.wraps(main)
-    def wrapper(argv=None):
-        try:
-            code = main(argv)
-            sys.stdout.flush()
-            return code
-        except BrokenPipeError:
-            devnull()
-            return 0
-        except SystemExit:
-            try:
-                sys.stdout.flush()
-            except BrokenPipeError:
-                devnull()
-            raise
-
-    return wrapper
-
-
 def human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
