@@ -93,8 +93,9 @@ def run_tool(argv: list[str], what: str, capture: bool = False, env: dict | None
     if not capture and fd is None:
         sys.stderr.write((cp.stdout or "") + (cp.stderr or ""))
     if cp.returncode != 0:
-        tail = "\n".join(((cp.stdout or "") + (cp.stderr or "")).splitlines()[-15:])
-        raise ToolError(f"{what} failed (exit {cp.returncode}){': ' + tail if tail else ''}")
+        # One line: the tool's own output went to stderr above (or is its last line, captured).
+        lines = [ln.strip() for ln in ((cp.stdout or "") + (cp.stderr or "")).splitlines() if ln.strip()]
+        raise ToolError(f"{what} failed (exit {cp.returncode}){': ' + lines[-1][:200] if lines else ''}")
     return cp.stdout or "", cp.stderr or ""
 
 
@@ -119,8 +120,9 @@ def perplexity(tools: Tools, gguf: Path, text_file: Path, ctx: int, threads: int
                    f"llama-perplexity on {gguf.name}", capture=True))
     m = _PPL.search(out)
     if not m:
-        raise ToolError(f"llama-perplexity on {gguf.name}: no 'Final estimate' line in its output:\n"
-                        + "\n".join(out.splitlines()[-10:]))
+        last = [ln.strip() for ln in out.splitlines() if ln.strip()][-1:] or ["(no output)"]
+        raise ToolError(f"llama-perplexity on {gguf.name}: no 'Final estimate' line in its output "
+                        f"(last: {last[0][:200]})")
     tokens = re.search(r"calculating perplexity over (\d+) chunks, n_ctx=(\d+)", out)
     chunks = int(tokens.group(1)) if tokens else None
     return {"ppl": float(m.group(1)), "ppl_err": float(m.group(2)), "ctx": ctx, "chunks": chunks,

@@ -312,6 +312,10 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         p.resume_from = checkpoints.newest_complete(out / "checkpoints")
         if p.resume_from is None:
             p.notes.append("--resume: no complete checkpoint found, starting from the beginning")
+        else:
+            from ..training import resume as resume_check
+
+            resume_check.check(p.resume_from, p)  # another model/method/backend/shape: before anything changes
     return p
 
 

@@ -10,12 +10,22 @@ from typing import Any, Callable, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..cli import UserError
+from ..guards import path_problem, special_file
 from ..safe_yaml import SafeYamlError, load_file, load_text
 from .objective_config import DpoCfg, GrpoCfg, KtoCfg, OrpoCfg
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan: an infinite learning rate or epoch count parses, and trains NaN or for ever.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def _openable(v: Any) -> Any:
+    """A path field: refused here (at its line) when no OS call could take it."""
+    why = path_problem(v) if isinstance(v, str) else None
+    if why:
+        raise ValueError(why)
+    return v
 
 
 class ModelCfg(_Strict):
@@ -23,6 +33,8 @@ class ModelCfg(_Strict):
     revision: str | None = None
     trust_remote_code: bool = False
     attn_implementation: str | None = Field(None, description="sdpa, eager, flash_attention_2 ...")
+
+    _path = field_validator("path")(_openable)
 
 
 class DataCfg(_Strict):
@@ -36,6 +48,8 @@ class DataCfg(_Strict):
     max_seq_length: int = Field(1024, gt=0)
     packing: bool = False
     shuffle: bool = True
+
+    _paths = field_validator("path", "eval_path")(_openable)
 
 
 class LoraCfg(_Strict):
@@ -66,6 +80,21 @@ class TrainCfg(_Strict):
         "auto", description="auto: off where the memory plan fits the device with a margin (faster), else on")
     liger: bool | Literal["auto"] = "auto"
 
+    @field_validator("max_steps")
+    @classmethod
+    def _steps(cls, v: int) -> int:
+        if v != -1 and v < 1:
+            raise ValueError(f"{v}: at least 1, or -1 to run train.epochs epochs")
+        return v
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _lr(cls, v: float) -> float:
+        # Fine-tuning rates are 1e-6..1e-2; above 1 every optimizer here diverges to NaN weights.
+        if v > 1.0:
+            raise ValueError(f"{v!r} cannot train (above 1 the weights diverge); typical: 1e-5 to 1e-3")
+        return v
+
 
 class OutputCfg(_Strict):
     dir: str
@@ -78,6 +107,8 @@ class OutputCfg(_Strict):
     progress_bar: bool = True
     export: list[str] = Field(default_factory=list, description="run `export-model` at the end: merged, gguf, "
                               "gguf:q8_0,q4_k_m, gguf:q4_k_m+ollama")
+
+    _dir = field_validator("dir")(_openable)
 
 
 class TrainConfig(_Strict):
@@ -125,7 +156,10 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
-def _fmt_errors(exc: ValidationError, source: str, marks: dict[tuple, tuple[int, int]]) -> str:
+def _fmt_errors(exc: ValidationError, source: str, marks: dict[tuple, tuple[int, int]],
+                set_keys: Sequence[str] = ()) -> str:
+    """Every error on one line ('; ' between them), each at its field's line, or on `--set`
+    when the value came from one."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top)"
@@ -134,13 +168,19 @@ def _fmt_errors(exc: ValidationError, source: str, marks: dict[tuple, tuple[int,
         while path and path not in marks:
             path = path[:-1]
         where = f"{source}:{marks[path][0]}" if path in marks else source
+        if any(loc == k or loc.startswith(k + ".") for k in set_keys):
+            where = "--set"
         if err["type"] == "extra_forbidden":
             lines.append(f"{where}: {loc}: unknown key")
         elif err["type"] == "missing":
             lines.append(f"{where}: {loc}: required")
+        elif err["type"] == "value_error":  # a validator's own words
+            lines.append(f"{where}: {loc}: {err['ctx']['error']}")
+        elif err["type"] == "finite_number":
+            lines.append(f"{where}: {loc}: not a finite number (got {err.get('input')!r})")
         else:
             lines.append(f"{where}: {loc}: {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
+    return "; ".join(lines)
 
 
 def load_config(config: dict | str | Path, overrides: Sequence[str] = ()) -> tuple[TrainConfig, Path]:
@@ -155,6 +195,12 @@ def load_located(config: dict | str | Path, overrides: Sequence[str] = ()) -> tu
     if isinstance(config, (str, Path)):
         path = Path(config)
         source = str(path)
+        why = path_problem(str(path))
+        if why:
+            raise UserError(f"--config: {why}")
+        kind = special_file(path)
+        if kind:  # a FIFO would block the read for ever
+            raise UserError(f"{path}: {kind}, not a regular file (it is not read)")
         if not path.is_file():
             raise UserError(f"{path}: config file not found")
         doc = load_file(path, what="train config")  # SafeYamlError: file:line:col, exit 2
@@ -165,11 +211,11 @@ def load_located(config: dict | str | Path, overrides: Sequence[str] = ()) -> tu
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping at the top level")
     data = apply_overrides(data, overrides)
+    set_keys = [item.partition("=")[0].strip() for item in overrides]
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise UserError(_fmt_errors(exc, source, marks)) from None
-    set_keys = [item.partition("=")[0].strip() for item in overrides]
+        raise UserError(_fmt_errors(exc, source, marks, set_keys)) from None
 
     def where(message: str) -> str:
         m = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", message)

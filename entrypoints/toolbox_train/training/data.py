@@ -4,10 +4,12 @@ plain-text, alpaca-style or chat-`messages` form, shaped for TRL's SFTTrainer.""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable
 
 from ..cli import UserError, first_line
+from ..guards import special_file
 from . import pref_rows
 from .objective_config import DATA_FORMAT
 from .rowcheck import Locate, check_rows, detect_format, scan_jsonl
@@ -49,10 +51,15 @@ def _files_of(path: Path, field: str) -> list[Path]:
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIX_BUILDER)
         if not files:
             raise UserError(f"{field}: {path}: a folder with neither a saved dataset nor data files")
-        return files
-    if path.suffix.lower() not in SUFFIX_BUILDER:
+    elif path.suffix.lower() not in SUFFIX_BUILDER:
         raise UserError(f"{field}: {path}: unsupported file type (use .jsonl, .parquet, .csv or a datasets folder)")
-    return [path]
+    else:
+        files = [path]
+    for f in files:
+        kind = special_file(f)
+        if kind:  # reading a FIFO blocks until a writer comes: never open one
+            raise UserError(f"{field}: {f}: {kind}, not a regular file (it is not read)")
+    return files
 
 
 def _load_saved(path: Path, split: str, field: str):
@@ -172,6 +179,10 @@ def load_datasets(cfg, base: Path, check: Check | None = None):
         if check:
             check(evald, fmt, where, "data.eval_path")
     elif d.eval_split > 0:
+        held = math.ceil(d.eval_split * len(train))  # what train_test_split holds out
+        if len(train) - held < 1:
+            raise UserError(f"data.eval_split: {d.eval_split} of {len(train)} rows holds out {held}, leaving no "
+                            "training rows; lower it or give data.eval_path")
         parts = train.train_test_split(test_size=d.eval_split, seed=cfg.train.seed)
         train, evald = parts["train"], parts["test"]
     return train, evald, fmt

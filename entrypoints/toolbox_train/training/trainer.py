@@ -7,16 +7,19 @@ used, must be imported before them, which `plan` does).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 from trl import SFTTrainer
 
-from . import checkpoints
+from . import checkpoints, resume
 from .. import files
+from ..cli import ToolError
 from ..planning.checks import Plan, log
 from ..distributed.sync import local_sgd_steps
 
@@ -77,6 +80,11 @@ class Metrics(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         if self.stop_after and state.global_step >= self.stop_after:
             control.should_training_stop = True
+        # Test hooks: a weight turned NaN after step k (a diverging run), SIGTERM to itself after step k.
+        if state.global_step == int(os.environ.get("TOOLBOX_TEST_POISON_AFTER_STEP", "0") or 0):
+            next(kw["model"].parameters()).data.fill_(float("nan"))
+        if state.global_step == int(os.environ.get("TOOLBOX_TEST_SIGNAL_AFTER_STEP", "0") or 0):
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_train_end(self, args, state, control, **kw):
         dt = time.perf_counter() - (self.t0 or time.perf_counter())
@@ -136,6 +144,8 @@ class Toolbox:
             if self._local_sgd is not None:
                 self._local_sgd._sync_and_avg_model_params()  # save what every rank agrees on
             super()._save_checkpoint(model, trial)
+            if self.is_local_process_zero():
+                resume.write_identity(staging / name, self.toolbox_plan)  # what --resume checks
             if self._local_sgd is not None and self.is_local_process_zero():
                 files.write_json(staging / name / LOCAL_SGD_STATE,
                                  {"every": self._local_sgd.local_sgd_steps, "num_steps": self._local_sgd.num_steps})
@@ -161,7 +171,39 @@ class Toolbox:
 
         model.register_comm_hook(None, hook)
 
+    _nonfinite = None  # a tensor: how many micro-steps' losses were NaN/inf (no sync per step)
+
     def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = self._training_step(model, inputs, num_items_in_batch)
+        bad = (~loss.detach().isfinite()).sum()
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
+        return loss
+
+    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kw):
+        # Before a log, an eval or a checkpoint: a NaN/inf loss (or gradient norm) stops the run
+        # here, so no checkpoint of diverged weights is ever written.
+        if self.control.should_log or self.control.should_save or self.control.should_evaluate:
+            self.check_finite(grad_norm)
+        return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kw)
+
+    def check_finite(self, grad_norm=None) -> None:
+        import torch
+
+        bad = self._nonfinite if self._nonfinite is not None else torch.zeros((), device=self.args.device)
+        if grad_norm is not None and not math.isfinite(float(grad_norm)):
+            bad = bad + 1
+        if self.accelerator.num_processes > 1:  # every rank stops, or none does
+            bad = self.accelerator.reduce(bad.to(self.args.device), reduction="sum")
+        if int(bad) == 0:
+            return
+        root = Path(self.args.output_dir)
+        cp = checkpoints.newest_complete(root, warn=lambda m: None)
+        kept = (f"the last good checkpoint is {cp}: `finetune --resume` continues from it" if cp
+                else "no checkpoint was written before it")
+        raise ToolError(f"the loss became NaN/inf at step {self.state.global_step}: training stopped, nothing "
+                        f"written after it; {kept} (lower train.learning_rate or set train.max_grad_norm)")
+
+    def _training_step(self, model, inputs, num_items_in_batch=None):
         if not getattr(self, "_hooked", False):
             self._hooked = True
             if os.environ.get("TOOLBOX_COUNT_GRAD_ALLREDUCE") == "1" and hasattr(model, "register_comm_hook"):

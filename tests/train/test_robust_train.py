@@ -1,0 +1,163 @@
+"""finetune under input that parses but cannot train, a checkpoint of another config, a loss
+that becomes NaN, and SIGTERM (issue 23): refused with the field's file:line and exit 2 before
+anything is written, or stopped with one line and the checkpoints kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from helpers.tiny import train_config, write_dataset, write_train_config
+from toolbox_train.training import checkpoints, finetune
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def _snapshot(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else None for p in sorted(d.rglob("*"))} \
+        if d.exists() else None
+
+
+def _main(argv, capsys) -> tuple[int, str]:
+    code = finetune.main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err
+
+
+@pytest.fixture
+def data(tmp_path):
+    return write_dataset(tmp_path / "d.jsonl", "text", n=20)
+
+
+def _line_of(cfg: Path, key: str) -> int:
+    return next(i for i, ln in enumerate(cfg.read_text().splitlines(), 1) if ln.strip().startswith(f"{key}:"))
+
+
+@pytest.mark.parametrize("key, value, expect", [
+    ("train.learning_rate", float("inf"), "train.learning_rate: not a finite number"),
+    ("train.learning_rate", 1e30, "train.learning_rate: 1e+30 cannot train"),
+    ("train.learning_rate", 5.0, "train.learning_rate: 5.0 cannot train"),
+    ("train.epochs", float("inf"), "train.epochs: not a finite number"),
+    ("train.max_steps", 0, "train.max_steps: 0: at least 1, or -1"),
+    ("train.max_steps", -5, "train.max_steps: -5: at least 1, or -1"),
+    ("train.max_grad_norm", float("nan"), "train.max_grad_norm: not a finite number"),
+])
+def test_numbers_that_cannot_train_are_refused_at_their_line(tmp_path, tiny_model, data, capsys, key, value, expect):
+    out = tmp_path / "out"
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out, **{key: value})
+    code, err = _main(["--config", str(cfg)], capsys)
+    assert code == 2, err
+    line = _line_of(cfg, key.split(".")[-1])
+    assert err.strip() == err.strip().splitlines()[0] and f"{cfg}:{line}: {expect}" in err, err
+    assert not out.exists()
+
+
+def test_an_eval_split_leaving_no_training_rows_is_refused(tmp_path, tiny_model, data, capsys):
+    out = tmp_path / "out"
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out, **{"data.eval_split": 0.99})
+    code, err = _main(["--config", str(cfg)], capsys)
+    assert code == 2 and f"{cfg}:{_line_of(cfg, 'eval_split')}: data.eval_split: 0.99 of 20 rows" in err, err
+    assert "no training rows" in err and not out.exists()
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("data.path", "/tmp/a\x00b.jsonl", "contains a NUL byte"),
+    ("data.path", "/tmp/" + "x" * 300 + ".jsonl", "the OS limit is"),
+    ("data.eval_path", "/tmp" + "/abcdefgh" * 600, "bytes long; the OS limit is"),
+    ("model.path", "/tmp/" + "m" * 300, "the OS limit is"),
+    ("output.dir", "/tmp/" + "o" * 300, "the OS limit is"),
+])
+def test_paths_no_os_can_open_are_refused(tmp_path, tiny_model, data, capsys, field, value, expect):
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, tmp_path / "out", **{field: value})
+    code, err = _main(["--config", str(cfg)], capsys)
+    assert code == 2 and f"{field}: " in err and expect in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_fifo_as_data_or_config_is_refused_not_read(tmp_path, tiny_model, capsys):
+    fifo = tmp_path / "d.jsonl"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes: the test would hang
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, fifo, tmp_path / "out")
+    code, err = _main(["--config", str(cfg)], capsys)
+    assert code == 2 and f"data.path: {fifo}: a FIFO (named pipe), not a regular file" in err, err
+    os.mkfifo(tmp_path / "c.yaml")
+    code, err = _main(["--config", str(tmp_path / "c.yaml")], capsys)
+    assert code == 2 and "c.yaml: a FIFO (named pipe), not a regular file" in err, err
+
+
+# ---------------------------------------------------------------- resume from another config
+
+def _stopped_run(tmp_path, tiny_model, monkeypatch, **over) -> tuple[Path, dict]:
+    data = write_dataset(tmp_path / "r.jsonl", "text", n=24)
+    out = tmp_path / "run"
+    cfg = train_config(tiny_model, data, out, **{"method": "lora", "lora.r": 4, "train.max_steps": 6,
+                                                 "output.save_steps": 2, **over})
+    monkeypatch.setenv("TOOLBOX_STOP_AFTER_STEP", "2")
+    finetune.run(cfg)
+    monkeypatch.delenv("TOOLBOX_STOP_AFTER_STEP")
+    return out, cfg
+
+
+@pytest.mark.parametrize("change, expect", [
+    ({"method": "full"}, "method 'lora' (this config: 'full')"),
+    ({"lora.r": 8}, "parameter shape(s) differ"),
+    ({"lora.target_modules": ["q_proj"]}, "parameter(s) this config does not have"),
+    ({"model.path": "OTHER"}, "model "),
+])
+def test_resume_from_a_checkpoint_of_another_config_changes_nothing(tmp_path, tiny_models, monkeypatch, capsys,
+                                                                    change, expect):
+    out, cfg = _stopped_run(tmp_path, tiny_models("llama"), monkeypatch)
+    if change.get("model.path") == "OTHER":
+        change = {"model.path": str(tiny_models("qwen3"))}
+    for k, v in change.items():
+        node = cfg
+        *parents, last = k.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = v
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    before = _snapshot(out)
+    capsys.readouterr()
+    code, err = _main(["--config", str(path), "--resume"], capsys)
+    assert code == 2, err
+    assert f"--resume: {out / 'checkpoints' / 'checkpoint-2'} is not a checkpoint of this config" in err, err
+    assert expect in err and err.strip().splitlines()[-1].startswith("finetune: error: --resume"), err
+    assert _snapshot(out) == before
+
+
+def test_resume_of_the_same_config_still_works(tmp_path, tiny_model, monkeypatch):
+    out, cfg = _stopped_run(tmp_path, tiny_model, monkeypatch)
+    ident = json.loads((out / "checkpoints" / "checkpoint-2" / "toolbox_checkpoint.json").read_text())
+    assert ident["method"] == "lora" and ident["backend"] == "hf"
+    assert finetune.run(cfg, resume=True)["steps"] == 6
+
+
+# ---------------------------------------------------------------- a loss that becomes NaN
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model, monkeypatch, capsys):
+    data = write_dataset(tmp_path / "r.jsonl", "text", n=24)
+    out = tmp_path / "run"
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out,
+                             **{"train.max_steps": 8, "output.save_steps": 2, "output.keep_checkpoints": 5})
+    # Test hook: after step 3 a weight becomes NaN (what a diverging run does), so step 4's loss is NaN.
+    monkeypatch.setenv("TOOLBOX_TEST_POISON_AFTER_STEP", "3")
+    code, err = _main(["--config", str(cfg)], capsys)
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("finetune: error: the loss became NaN/inf at step 4"), err
+    assert str(out / "checkpoints" / "checkpoint-2") in last and "--resume" in last
+    assert [p.name for p in checkpoints.listed(out / "checkpoints")] == ["checkpoint-2"]
+    assert not (out / "summary.json").exists() and not (out / "model.safetensors").exists()
+    w = load_file(str(out / "checkpoints" / "checkpoint-2" / "model.safetensors"))
+    assert all(t.isfinite().all() for t in w.values())
