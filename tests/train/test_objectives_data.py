@@ -130,3 +130,23 @@ def test_liger_is_for_sft_only(tmp_path, tiny_model, capsys):
     good = pref.write(tmp_path / "p.jsonl", "preference", 4)
     _refused(capsys, tmp_path, tiny_model, good, ["train.liger: only with objective sft"],
              objective="dpo", **{"train.liger": True})
+
+
+def test_launch_refuses_bad_preference_data_and_rewards_before_any_rank(tmp_path, tiny_model, capsys):
+    from toolbox_train.distributed import launch
+
+    out = tmp_path / "out"
+    rows = pref.rows("preference", 4)
+    rows[3]["chosen"] = rows[3]["rejected"]
+    bad = _jsonl(tmp_path / "p.jsonl", rows)
+    for data, over, expect in (
+            (bad, {"objective": "dpo"}, f"{bad}:4: 'chosen' equals 'rejected'"),
+            (pref.write(tmp_path / "g.jsonl", "prompt", 8),
+             {"objective": "grpo", "grpo.num_generations": 2, "grpo.rewards": [{"function": "nowhere:score"}]},
+             "grpo.rewards.0.function: no nowhere.py beside the config")):
+        cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out, **over)
+        assert launch.main(["--strategy", "ddp", "--nproc", "2", "--cpu", "--", "finetune", "--config",
+                            str(cfg)]) == 2
+        err = capsys.readouterr().err
+        assert expect in err and "Traceback" not in err, err
+        assert not out.exists()

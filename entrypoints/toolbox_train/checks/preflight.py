@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from itertools import islice
 
+from ..training import objectives
 from ..training.data import Locate, load_datasets
 from ..cli import UserError, first_line
 from ..planning.checks import Plan, log
@@ -92,6 +93,8 @@ def validate(p: Plan):
             check_completion_lengths(tok, ds, locate, field, p.cfg.data.max_seq_length)
 
     try:
-        return load_datasets(p.cfg, p.base, check=check)
+        loaded = load_datasets(p.cfg, p.base, check=check)
     except UserError as exc:  # data.path / data.eval_path / data.format: where the config says so
         raise UserError(p.locate(str(exc))) from None
+    objectives.check(p, p.world_size)  # GRPO's reward functions resolve: launch checks them too
+    return loaded
