@@ -196,10 +196,13 @@ def run_launch(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict
 
 
 def _resolved(out_dir: Path) -> dict | None:
-    p = out_dir / "config.resolved.yaml"
+    import yaml
+
+    from ..training.runs import RESOLVED_CONFIG  # not at import: the package stays stdlib-only
+
+    p = out_dir / RESOLVED_CONFIG
     if not p.exists():
         return None
-    import yaml
 
     return yaml.safe_load(p.read_text())
 

@@ -18,7 +18,10 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-DEFAULT_LOCKS = ("/opt/toolbox/stack.lock.yaml", "/opt/toolbox/stack.lock.json")
+from ..export.llamacpp import DEFAULT_DIR
+
+# What the image bakes (dockerfiles/runtime/entrypoints.j2 copies the stack's pin set here).
+DEFAULT_LOCK = Path("/opt/toolbox/stack.lock.yaml")
 
 
 @dataclass
@@ -59,10 +62,6 @@ def _dist_for(key: str) -> str | None:
     return None
 
 
-def _norm(v: str) -> str:
-    return str(v).strip()
-
-
 def check_pins(lock: dict) -> list[Check]:
     out = []
     for key, want in sorted(lock.items()):
@@ -86,7 +85,7 @@ def check_llama_cpp(lock: dict) -> list[Check]:
     commit = lock.get("llama_cpp.commit")
     if not commit:
         return [Check("llama.cpp", "info", "not part of this stack")]
-    root = Path(os.environ.get("LLAMA_CPP_DIR", "/opt/llama.cpp"))
+    root = Path(os.environ.get("LLAMA_CPP_DIR") or DEFAULT_DIR)
     hint = "rebuild the image: toolbox build --stack STACK"
     version = root / "VERSION"
     if not version.is_file():
@@ -209,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     lock: dict = {}
-    lock_path = args.lock or next((Path(x) for x in DEFAULT_LOCKS if Path(x).exists()), None)
+    lock_path = args.lock or (DEFAULT_LOCK if DEFAULT_LOCK.exists() else None)
     if args.lock and not args.lock.is_file():
         print(f"toolbox-doctor: --lock {args.lock}: no such file", file=sys.stderr)
         return 2

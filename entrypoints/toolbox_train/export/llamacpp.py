@@ -28,7 +28,6 @@ QUANT_BYTES = {
     "q4_k_m": 0.62, "q4_k_s": 0.57, "q4_0": 0.5625, "q4_1": 0.625, "iq4_nl": 0.5625, "iq4_xs": 0.5313,
     "q3_k_l": 0.55, "q3_k_m": 0.50, "q3_k_s": 0.45, "q2_k": 0.40, "mxfp4_moe": 0.55,
 }
-CONVERTER_TYPES = ("f32", "f16", "bf16")  # written by convert_hf_to_gguf.py directly
 
 
 def parse_quants(spec: str) -> list[str]:

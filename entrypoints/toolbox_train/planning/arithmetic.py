@@ -197,9 +197,6 @@ class Estimate:
     def peak_gib(self) -> float:
         return self.peak / GiB
 
-    def total_unified(self) -> float:
-        return self.peak + self.host
-
 
 def _bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 from ..training import checkpoints
 from ..training.config import TrainConfig, load_located
 from ..training.data import looks_like_hub_id, resolve_local
+from ..training.runs import RESOLVED_CONFIG
 from ..cli import UserError
 from ..distributed.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 
@@ -150,8 +151,6 @@ def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool) -> str:
 # What a run writes before its first optimizer step (with `launch`'s folder): an output folder
 # holding only these is treated as empty, so a run that failed before step 1 (OOM while loading,
 # a crash in the first step) is rerun without --overwrite.
-RESOLVED_CONFIG = "config.resolved.yaml"
-PRE_STEP = ("checkpoints", "tensorboard")
 
 
 def pre_step_leftovers(out: Path) -> list[Path] | None:

@@ -3,7 +3,6 @@ plain-text, alpaca-style or chat-`messages` form, shaped for TRL's SFTTrainer.""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable

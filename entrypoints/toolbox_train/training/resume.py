@@ -15,9 +15,9 @@ import yaml
 
 from ..cli import UserError
 from ..files import write_json
+from .runs import RESOLVED_CONFIG
 
 IDENTITY = "toolbox_checkpoint.json"
-RESOLVED_CONFIG = "config.resolved.yaml"
 
 
 def identity(p) -> dict:

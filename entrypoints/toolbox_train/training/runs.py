@@ -10,7 +10,8 @@ import yaml
 
 from ..cli import UserError
 
-MULTIMODAL_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
+# What every finished (or resumable) output folder holds beside the weights: finetune writes it.
+RESOLVED_CONFIG = "config.resolved.yaml"
 
 
 def human_size(n: float) -> str:
@@ -127,7 +128,7 @@ def find_finished(run: Path) -> RunModel:
     run = run.expanduser().resolve()
     if not run.is_dir():
         raise UserError(f"--run {run}: no such folder")
-    resolved_f = run / "config.resolved.yaml"
+    resolved_f = run / RESOLVED_CONFIG
     if not (run / "summary.json").is_file() or not resolved_f.is_file():
         raise UserError(f"--run {run}: no finished model (no summary.json/config.resolved.yaml: the run did not "
                         "finish, or this is not a finetune output folder)")
