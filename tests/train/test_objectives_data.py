@@ -150,3 +150,22 @@ def test_launch_refuses_bad_preference_data_and_rewards_before_any_rank(tmp_path
         err = capsys.readouterr().err
         assert expect in err and "Traceback" not in err, err
         assert not out.exists()
+
+
+def test_a_role_the_chat_template_rejects_in_a_preference_row_is_named(tmp_path, tiny_model, capsys):
+    import shutil
+
+    strict = tmp_path / "strict-model"
+    shutil.copytree(tiny_model, strict)
+    (strict / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+        "<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}")
+    rows = pref.rows("preference", 5, chat=True)
+    rows[3]["rejected"] = [{"role": "robot", "content": "beep"}]
+    bad = _jsonl(tmp_path / "c.jsonl", rows)
+    _refused(capsys, tmp_path, strict, bad,
+             [f"{bad}:4: the model's chat template rejects this conversation: unknown role robot"], objective="dpo")
+    prompts = _jsonl(tmp_path / "g.jsonl", [{"prompt": [{"role": "system", "content": "be brief"}]}] * 2)
+    _refused(capsys, tmp_path, strict, prompts, [f"{prompts}:1: the model's chat template rejects", "(2 of 2"],
+             objective="grpo", **{"grpo.num_generations": 2, "grpo.rewards": [{"function": "length", "max_chars": 9}]})

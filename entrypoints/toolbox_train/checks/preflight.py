@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from ..training import objectives
+from ..training import objectives, pref_rows
 from ..training.data import Locate, load_datasets
 from ..cli import UserError, first_line
 from ..planning.checks import Plan, log
@@ -42,6 +42,31 @@ def check_chat_template(tok, ds, locate: Locate, field: str) -> None:
             if len(bad) < NAMED:
                 reason = first_line(exc)
                 bad.append((locate(i), f"the model's chat template rejects this conversation: {reason[:200]}"))
+    refuse(bad, count, total, field)
+
+
+def check_preference_chats(tok, ds, locate: Locate, field: str) -> None:
+    """Conversational preference rows: the chat template over prompt + each completion (what TRL
+    renders), so a role the template refuses is named here, not after the model has loaded."""
+    cols = [c for c in ("prompt", "chosen", "rejected", "completion") if c in ds.column_names]
+    bad: list[tuple[str, str]] = []
+    count = total = 0
+    for i, row in enumerate(zip(*(_rows(ds, c) for c in cols))):
+        total += 1
+        row = dict(zip(cols, row))
+        if not isinstance(next(iter(row.values())), list):
+            continue  # standard (string) rows: no template
+        prompt = row.get("prompt") or []
+        try:
+            for key in ("chosen", "rejected", "completion"):
+                if key in row:
+                    tok.apply_chat_template(prompt + row[key], tokenize=False)
+            if len(row) == 1:  # prompt-only (GRPO): rendered with the generation prompt
+                tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # jinja2's TemplateError (raise_exception), or no template at all
+            count += 1
+            if len(bad) < NAMED:
+                bad.append((locate(i), f"the model's chat template rejects this conversation: {first_line(exc)[:200]}"))
     refuse(bad, count, total, field)
 
 
@@ -91,6 +116,8 @@ def validate(p: Plan):
             check_chat_template(tok, ds, locate, field)
         elif fmt == "alpaca" and not p.cfg.data.packing:  # packing chunks rows instead of truncating
             check_completion_lengths(tok, ds, locate, field, p.cfg.data.max_seq_length)
+        elif fmt in pref_rows.FORMATS:
+            check_preference_chats(tok, ds, locate, field)
 
     try:
         loaded = load_datasets(p.cfg, p.base, check=check)
