@@ -2,7 +2,7 @@
 llama-1b and qwen3-0.6b shapes, `finetune` against TRL's DPOTrainer + PEFT run directly and the
 same DPOTrainer under Unsloth, each in its own process; pairs/s over the timed steps, peak memory.
 
-    python docs/bench/dpo_rows.py OUT [--shapes llama-1b,qwen3-0.6b] [--paths finetune,trl,trl-unsloth]
+    python docs/bench/dpo_rows.py OUT [--shapes llama-1b,qwen3-0.6b] [--paths finetune,trl,trl-unsloth,finetune-unsloth]
     python docs/bench/dpo_rows.py OUT --one SHAPE PATH      (one row; what the driver runs per process)
 
 Settings as the issue's outside measurement: prompt 512 + completions 512 tokens, batch 4 pairs,
@@ -64,18 +64,19 @@ def one(out: Path, shape: str, path: str) -> dict:
         _data(data, vocab)
     steps = WARMUP + TIMED
     torch.cuda.reset_peak_memory_stats()
-    if path == "finetune":
-        cfg = {"model": {"path": str(model_dir)}, "objective": "dpo", "method": "lora", "backend": "hf",
+    if path in ("finetune", "finetune-unsloth"):
+        backend = "unsloth" if path == "finetune-unsloth" else "hf"
+        cfg = {"model": {"path": str(model_dir)}, "objective": "dpo", "method": "lora", "backend": backend,
                "data": {"path": str(data), "max_seq_length": PROMPT + COMPLETION},
                "lora": {"r": R, "alpha": 2 * R}, "train": {"max_steps": steps, "per_device_batch_size": BATCH,
                                                           "precision": "bf16", "lr_scheduler": "constant"},
-               "output": {"dir": str(out / f"run-{shape}"), "progress_bar": False}}
+               "output": {"dir": str(out / f"run-{shape}-{backend}"), "progress_bar": False}}
         from toolbox_train.training import finetune
 
         finetune.run(cfg, overwrite=True)
         # metrics.jsonl has each step's tokens and tokens/s since the previous log: the time of a
         # step is their quotient; the timed steps are those after the warm-up
-        rows = [json.loads(x) for x in (out / f"run-{shape}" / "metrics.jsonl").read_text().splitlines()]
+        rows = [json.loads(x) for x in (out / f"run-{shape}-{backend}" / "metrics.jsonl").read_text().splitlines()]
         wall = sum((b["tokens"] - a["tokens"]) / b["tokens_per_s"] for a, b in zip(rows, rows[1:])
                    if b["step"] > WARMUP)
         pairs_s = BATCH * TIMED / wall
@@ -104,6 +105,7 @@ def one(out: Path, shape: str, path: str) -> dict:
         clock = _Clock()
         tr = DPOTrainer(model=model, args=args, processing_class=tok, peft_config=peft, callbacks=[clock],
                         train_dataset=load_dataset("json", data_files=str(data), split="train"))
+        print(f"trainer class: {type(tr).__mro__[0].__name__} <- {type(tr).__mro__[1].__name__}", file=sys.stderr)
         tr.train()
         torch.cuda.synchronize()
         pairs_s = BATCH * TIMED / (time.perf_counter() - type(clock).t0)
@@ -120,7 +122,7 @@ def main(argv: list[str]) -> int:
     opt = dict(zip(argv[1::2], argv[2::2]))
     rows = []
     for shape in opt.get("--shapes", "llama-1b,qwen3-0.6b").split(","):
-        for path in opt.get("--paths", "finetune,trl,trl-unsloth").split(","):
+        for path in opt.get("--paths", "finetune,trl,trl-unsloth,finetune-unsloth").split(","):
             cp = subprocess.run([sys.executable, __file__, str(out), "--one", shape, path], capture_output=True,
                                 text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
             (out / f"{shape}-{path}.log").write_text(cp.stdout + cp.stderr)
