@@ -27,3 +27,28 @@ def test_bench_runs_as_a_module():
                        env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "tiny-llama/" in p.stdout
+
+
+def test_planning_imports_nothing_heavy():
+    # The memory planner answers `--plan` and launch's checks in a fraction of a second: every
+    # planning module, calibration included (its GPU work imports torch when it runs).
+    code = ("import sys, toolbox_train.planning.checks, toolbox_train.planning.arithmetic, "
+            "toolbox_train.planning.decisions, toolbox_train.planning.calibration; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'trl', 'peft', "
+            "'datasets', 'accelerate')))")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_the_training_package_imports_nothing_of_the_builder():
+    # The image installs entrypoints/ alone: an import of `toolbox` there fails only in the image.
+    import ast
+
+    found = []
+    for f in sorted((ROOT / "entrypoints" / "toolbox_train").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            found += [f"{f.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "toolbox"]
+    assert found == []
