@@ -25,7 +25,7 @@ COMMANDS = {
     "bench": ("bench", "benchmark finetune against bare loops and TRL (results.json, table, chart)"),
     "build": ("build", "render a stack and build its image (podman or Docker)"),
     "bump": ("bump", "resolve a new release of a component and rewrite the stack's pins"),
-    "cluster": ("cluster", "multi-node training over SSH (launch, check)"),
+    "cluster": ("cluster", "multi-node training over SSH (launch, check, ray)"),
     "context": ("render", "write a stack's whole build context into a new folder"),
     "create": ("create", "create a long-lived toolbx or distrobox container of a stack's image"),
     "doctor": ("doctor", "check engine, GPU, image labels vs stack pins; in-container probe"),

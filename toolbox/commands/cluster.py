@@ -9,7 +9,7 @@ def register(subparsers) -> None:
     from toolbox.argtypes import count, size_mib
     from toolbox.cluster import app
 
-    p = subparsers.add_parser("cluster", help="multi-node training over SSH (launch, check)")
+    p = subparsers.add_parser("cluster", help="multi-node training over SSH (launch, check, ray)")
     sub = p.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
 
     launch = sub.add_parser("launch", help="run `launch ... -- COMMAND` on every host, master first",
@@ -26,3 +26,7 @@ def register(subparsers) -> None:
     check.add_argument("--size-mib", type=size_mib, default=16.0, help="all-reduce buffer size for the bandwidth figure")
     check.add_argument("--iters", type=count, default=10)
     check.set_defaults(func=app.cmd_check)
+
+    from toolbox.cluster import ray_nodes
+
+    ray_nodes.register(sub)  # `cluster ray up|status|down`

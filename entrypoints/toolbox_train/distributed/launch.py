@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import yaml
 from ..training import finetune
 from ..checks import preflight
 from . import rdma
-from ..cli import ToolError, UserError, command_parser, run_command
+from ..cli import Terminated, ToolError, UserError, command_parser, run_command
 from ..files import atomic_write
 from ..planning.checks import FINISHED, FINISHED_ENV, LAUNCH_DIR, plan
 from .sync import ENV as SYNC_ENV, parse_sync
@@ -86,8 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = command_parser("launch", "Run finetune across processes and nodes through accelerate.",
                         usage="launch --strategy ddp|fsdp [options] -- finetune --config X [...]")
     ap.add_argument("--strategy", choices=["ddp", "fsdp"], required=True)
-    ap.add_argument("--nproc", type=int, default=None, help="processes on this node (default: GPUs, or 2 on CPU)")
-    ap.add_argument("--nnodes", type=int, default=1)
+    ap.add_argument("--engine", choices=["torchrun", "ray"], default="torchrun",
+                    help="torchrun from this node (default), or Ray Train on the Ray cluster at --address")
+    ap.add_argument("--address", metavar="HOST:PORT", help="--engine ray: the Ray head (e.g. 10.0.0.1:6379)")
+    ap.add_argument("--insecure", action="store_true",
+                    help="--engine ray: use a Ray cluster without token authentication (anyone reaching it runs code)")
+    ap.add_argument("--nproc", type=int, default=None, help="processes on this node (default: GPUs, or 2 on CPU); "
+                    "with --engine ray: workers per node (default 1)")
+    ap.add_argument("--nnodes", "--nodes", type=int, default=1)
     ap.add_argument("--node-rank", type=int, default=0)
     ap.add_argument("--master-addr", default=None)
     ap.add_argument("--master-port", type=int, default=None)
@@ -95,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ifname", default=None, help="network interface (default: the one that routes to the master)")
     ap.add_argument("--sync", default="every-step", help="every-step (default) or local-sgd:K")
     ap.add_argument("--cpu", action="store_true", help="CPU only, gloo (hides GPUs from the ranks)")
-    ap.add_argument("--max-restarts", type=int, default=0)
+    ap.add_argument("--max-restarts", type=int, default=0,
+                    help="restarts after a failure (torchrun's; with --engine ray, Ray Train's max_failures)")
     ap.add_argument("--dry-run", action="store_true", help="resolve, write and print the settings; do not run")
     ap.add_argument("--plan", action="store_true", help="print the memory plan per device for this world size "
                     "and strategy (finetune's --device-memory, else GPU 0's free memory), and exit")
@@ -119,6 +127,13 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     if not cmd or Path(cmd[0]).name != "finetune":
         raise UserError(f"after --: expected `finetune ...`, got {shlex.join(cmd) or 'nothing'}")
     ft = finetune.build_parser().parse_args(cmd[1:])
+    if args.engine == "ray":
+        from .ray_engine import prepare_args
+
+        prepare_args(args)  # --address stands for --master-addr/--master-port
+        args.master_port = free_port()  # recorded only: Ray makes the process group on a port of its own
+    elif args.address or args.insecure:
+        raise UserError(f"{'--address' if args.address else '--insecure'}: only with --engine ray")
     for name, v in (("--nnodes", args.nnodes), ("--max-restarts", args.max_restarts + 1)):
         if v < 1:
             raise UserError(f"{name}: must be >= {1 if name == '--nnodes' else 0}")
@@ -133,11 +148,16 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     import torch
 
     gpus = torch.cuda.device_count() if not args.cpu else 0
-    cpu = args.cpu or gpus == 0
-    nproc = args.nproc or (gpus or 2)
+    cpu = args.cpu or (gpus == 0 and args.engine == "torchrun")  # Ray: the workers' nodes have the GPUs
+    nproc = args.nproc or (1 if args.engine == "ray" else gpus or 2)
     if nproc < 1:
         raise UserError("--nproc: must be >= 1")
     world = nproc * args.nnodes
+    if args.engine == "ray" and not (args.dry_run or args.plan or ft.plan):
+        from .ray_engine import join
+
+        towards = args.ifname or interface_for(args.master_addr)
+        join(args, nproc, cpu, towards, ipv4_of(towards))  # no head, no token, too few nodes/GPUs: before the data
 
     if args.plan or ft.plan:
         raise _ShowPlan(finetune.show_plan(ft.config, ft.set, ft.device_memory, world_size=world,
@@ -192,7 +212,7 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     acc_path = launch_dir / f"accelerate.node{args.node_rank}.yaml"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc_path),
                "--max_restarts", str(args.max_restarts), "-m", "toolbox_train.training.finetune", *cmd[1:]]
-    return {"args": args, "plan": p, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,
+    return {"args": args, "plan": p, "finetune_args": ft, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,
             "env": env, "reasons": reasons, "command": command, "world": world, "nproc": nproc, "cpu": cpu}
 
 
@@ -207,7 +227,7 @@ def _launch(argv: list[str]) -> int:
         return shown.code
     a, p = r["args"], r["plan"]
     settings = {
-        "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",
+        "engine": a.engine, "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",
         "world_size": r["world"], "nproc_per_node": r["nproc"], "nnodes": a.nnodes, "node_rank": a.node_rank,
         "master": f"{r['accelerate']['main_process_ip']}:{r['accelerate']['main_process_port']}",
         "rendezvous": r["accelerate"]["rdzv_backend"], "transport": a.transport, "sync": r["env"][SYNC_ENV],
@@ -218,8 +238,16 @@ def _launch(argv: list[str]) -> int:
     if r["reasons"]:
         shown = {**os.environ, **r["env"]}
         settings["rdma"] = {k: f"{shown.get(k, '(unset)')}  # {why}" for k, why in r["reasons"].items()}
+    if a.engine == "ray":  # Ray makes the process group; the network settings are each node's own
+        settings.update(master=a.address, rendezvous="Ray Train (TorchConfig)", env={SYNC_ENV: r["env"][SYNC_ENV]},
+                        command=f"Ray Train TorchTrainer, {r['world']} worker(s)")
+        settings.pop("rdma", None)
     if a.strategy == "fsdp":
         settings["fsdp_wrap"] = r["accelerate"]["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
+    if a.engine == "ray" and not a.dry_run:
+        from . import ray_engine  # ray is imported on this path only (the `ray` extra)
+
+        ray_engine.check_run(r)  # shared storage, the inputs on every node: before anything is written
     atomic_write(r["acc_path"], yaml.safe_dump(r["accelerate"], sort_keys=False))
     atomic_write(r["launch_dir"] / f"settings.node{a.node_rank}.json", json.dumps(settings, indent=2) + "\n")
     print("launch: resolved settings", file=sys.stderr)
@@ -233,6 +261,8 @@ def _launch(argv: list[str]) -> int:
     sys.stderr.flush()
     if a.dry_run:
         return 0
+    if a.engine == "ray":
+        return ray_engine.train(r, argv)
     # finetune's first local rank writes this once every rank is past training, saving and
     # leaving the process group; a rank that dies after that (gloo threads torn down in
     # finalization: SIGABRT) lost nothing. One node only: with several, the other nodes' agents
@@ -242,14 +272,34 @@ def _launch(argv: list[str]) -> int:
     finished.unlink(missing_ok=True)
     env = {**os.environ, **r["env"], FINISHED_ENV: str(finished)}
     try:
-        code = subprocess.call(r["command"], env=env)
+        code, terminated = _torchrun(r["command"], env)
     except KeyboardInterrupt:
         return 130
+    if terminated:
+        raise Terminated(f"passed on to the ranks (torchrun exit {code}); the checkpoints written so far are "
+                         "kept: the same command with `finetune ... --resume` continues from the newest")
     if code != 0 and a.nnodes == 1 and finished.is_file():
         print(f"launch: warning: a rank ended with exit code {code} after training had finished on every rank "
               "and the summary was written (see above); nothing was lost", file=sys.stderr)
         return 0
     return code
+
+
+def _torchrun(command: list[str], env: dict) -> tuple[int, bool]:
+    """torchrun in the foreground. A SIGTERM to launch (`podman stop`, a scheduler) is passed on to
+    torchrun, which passes it to every rank; launch waits for them instead of leaving them orphaned."""
+    proc = subprocess.Popen(command, env=env)
+    got: list[int] = []
+
+    def forward(signum, frame):
+        got.append(signum)
+        proc.send_signal(signum)
+
+    old = signal.signal(signal.SIGTERM, forward)
+    try:
+        return proc.wait(), bool(got)
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":
