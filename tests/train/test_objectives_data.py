@@ -169,3 +169,22 @@ def test_a_role_the_chat_template_rejects_in_a_preference_row_is_named(tmp_path,
     prompts = _jsonl(tmp_path / "g.jsonl", [{"prompt": [{"role": "system", "content": "be brief"}]}] * 2)
     _refused(capsys, tmp_path, strict, prompts, [f"{prompts}:1: the model's chat template rejects", "(2 of 2"],
              objective="grpo", **{"grpo.num_generations": 2, "grpo.rewards": [{"function": "length", "max_chars": 9}]})
+
+
+def test_backend_auto_takes_the_faster_measured_path_for_dpo(monkeypatch):
+    """Issue 24's H200 figures: DPOTrainer + PEFT 13.1 pairs/s, under Unsloth 8.9: auto -> hf for DPO;
+    the unmeasured objectives keep SFT's rule (Unsloth where it imports, on a GPU)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from toolbox_train.planning.checks import pick_backend
+    from toolbox_train.training.config import TrainConfig
+
+    fake = types.ModuleType("unsloth")
+    fake.__spec__ = importlib.machinery.ModuleSpec("unsloth", None)
+    monkeypatch.setitem(sys.modules, "unsloth", fake)
+    base = {"model": {"path": "m"}, "data": {"path": "d"}, "output": {"dir": "o"}}
+    picked = {o: pick_backend(TrainConfig.model_validate({**base, "objective": o}), gpu=True, fsdp=False)
+              for o in ("sft", "dpo", "orpo", "kto", "grpo")}
+    assert picked == {"sft": "unsloth", "dpo": "hf", "orpo": "unsloth", "kto": "unsloth", "grpo": "unsloth"}
