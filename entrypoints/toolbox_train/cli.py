@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Callable, Sequence
 
@@ -23,6 +25,17 @@ class ToolError(Exception):
     """Something outside the user's input failed; exit code 1."""
 
     exit_code = 1
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler, `podman stop`), raised where the program is, as SIGINT raises
+    KeyboardInterrupt: `finally` blocks and temp-file cleanups run; exit code 143 (128 + 15)."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
@@ -58,11 +71,18 @@ def _quiet_stdout() -> None:
 
 def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted: str = "interrupted") -> int:
     """Run `body` (argument parsing included); turn what escapes it into one line and an exit code:
-    UserError 2, ToolError 1, KeyboardInterrupt 130, anything else 1 (the traceback only with debug)."""
+    UserError 2, ToolError 1, KeyboardInterrupt 130, SIGTERM 143, anything else 1 (the traceback only
+    with debug)."""
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = int(body() or 0)
         sys.stdout.flush()
         return code
+    except Terminated as exc:
+        print(f"{prog}: terminated (SIGTERM){': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        return exc.exit_code
     except (UserError, ToolError) as exc:
         if debug:
             traceback.print_exc()
@@ -88,3 +108,6 @@ def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted
             print(f"{prog}: internal error: {what} "
                   "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)

@@ -161,3 +161,25 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, t
     assert not (out / "summary.json").exists() and not (out / "model.safetensors").exists()
     w = load_file(str(out / "checkpoints" / "checkpoint-2" / "model.safetensors"))
     assert all(t.isfinite().all() for t in w.values())
+
+
+# ---------------------------------------------------------------- SIGTERM
+
+def test_sigterm_stops_saying_so_and_resumes_to_the_same_weights(tmp_path, tiny_model):
+    data = write_dataset(tmp_path / "r.jsonl", "text", n=24)
+    over = {"train.max_steps": 6, "output.save_steps": 2, "train.lr_scheduler": "cosine"}
+    ref_cfg = write_train_config(tmp_path / "ref.yaml", tiny_model, data, tmp_path / "ref", **over)
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, tmp_path / "cut", **over)
+    cmd = [sys.executable, "-m", "toolbox_train.training.finetune", "--config"]
+    assert subprocess.run(cmd + [str(ref_cfg)], env=ENV, capture_output=True, timeout=600).returncode == 0
+    # Test hook: the process sends itself SIGTERM (as podman stop would) at the end of step 3.
+    r = subprocess.run(cmd + [str(cfg)], env={**ENV, "TOOLBOX_TEST_SIGNAL_AFTER_STEP": "3"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("finetune: terminated (SIGTERM)") and "--resume" in last, r.stderr
+    assert "Traceback" not in r.stderr
+    r = subprocess.run(cmd + [str(cfg), "--resume"], env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    a, b = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(tmp_path / "cut" / "model.safetensors"))
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import yaml
 from ..training import finetune
 from ..checks import preflight
 from . import rdma
-from ..cli import ToolError, UserError, command_parser, run_command
+from ..cli import Terminated, ToolError, UserError, command_parser, run_command
 from ..files import atomic_write
 from ..planning.checks import FINISHED, FINISHED_ENV, LAUNCH_DIR, plan
 from .sync import ENV as SYNC_ENV, parse_sync
@@ -271,14 +272,34 @@ def _launch(argv: list[str]) -> int:
     finished.unlink(missing_ok=True)
     env = {**os.environ, **r["env"], FINISHED_ENV: str(finished)}
     try:
-        code = subprocess.call(r["command"], env=env)
+        code, terminated = _torchrun(r["command"], env)
     except KeyboardInterrupt:
         return 130
+    if terminated:
+        raise Terminated(f"passed on to the ranks (torchrun exit {code}); the checkpoints written so far are "
+                         "kept: the same command with `finetune ... --resume` continues from the newest")
     if code != 0 and a.nnodes == 1 and finished.is_file():
         print(f"launch: warning: a rank ended with exit code {code} after training had finished on every rank "
               "and the summary was written (see above); nothing was lost", file=sys.stderr)
         return 0
     return code
+
+
+def _torchrun(command: list[str], env: dict) -> tuple[int, bool]:
+    """torchrun in the foreground. A SIGTERM to launch (`podman stop`, a scheduler) is passed on to
+    torchrun, which passes it to every rank; launch waits for them instead of leaving them orphaned."""
+    proc = subprocess.Popen(command, env=env)
+    got: list[int] = []
+
+    def forward(signum, frame):
+        got.append(signum)
+        proc.send_signal(signum)
+
+    old = signal.signal(signal.SIGTERM, forward)
+    try:
+        return proc.wait(), bool(got)
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

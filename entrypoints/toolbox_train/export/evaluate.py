@@ -15,11 +15,14 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from . import llamacpp
-from ..cli import UserError, command_parser, run_command
-from ..training.runs import RunModel, find_finished, rows_to_texts
+from ..cli import ToolError, UserError, command_parser, run_command
+from ..files import atomic_write
+from ..guards import check_path, regular_file
+from ..training.runs import RunModel, find_finished, loading, rows_to_texts
 
 
 def say(msg: str) -> None:
@@ -32,15 +35,14 @@ def say(msg: str) -> None:
 def load_texts(rm: RunModel, data: str | None, tok) -> list[str]:
     if data is None:
         return rm.eval_texts(tok)
-    path = Path(data)
-    if not path.is_file():
-        raise UserError(f"--data {path}: no such file")
+    path = regular_file(data, "--data")
     if path.suffix.lower() == ".txt":
         return [path.read_text(errors="replace")]
     from ..training.data import load_raw, shape
 
-    ds, _ = shape(load_raw(str(path.resolve()), "train", Path.cwd(), "--data"), "auto", "text", str(path))
-    return rows_to_texts(ds, tok)
+    # finetune's loader: every row checked against its format (text, alpaca or messages).
+    ds, fmt, _ = load_raw(str(path.resolve()), "train", Path.cwd(), "--data", "auto", "text")
+    return rows_to_texts(shape(ds, fmt, "text", str(path)), tok)
 
 
 def add_bos(tok) -> bool:
@@ -77,8 +79,8 @@ def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
 
     if which == "finetuned":
         have = rm.run / "export" / "gguf" / f"model-{quant}.gguf"
-        if have.is_file():
-            return have
+        if have.exists():
+            return _gguf(have, f"re-export it: export-model --run {rm.run} --to gguf --quant {quant} --overwrite")
         out = rm.run / "eval" / f"finetuned-{quant}"
         argv = ["--run", str(rm.run), "--to", "gguf", "--quant", quant, "--out", str(out), "--llama-cpp", str(tools.root)]
     else:
@@ -88,8 +90,9 @@ def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
             raise UserError(f"base model {base}: not a local folder here (needed to convert it to GGUF)")
         argv = None
     f = out / f"model-{quant}.gguf"
-    if f.is_file():
+    if f.is_file() and gguf_problem(f) is None:
         return f
+    shutil.rmtree(out, ignore_errors=True)  # our own cache, damaged: made again
     if argv is not None:
         export_model.execute(export_model.check(export_model.build_parser().parse_args(argv)))
         return f
@@ -112,15 +115,38 @@ def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
     return f
 
 
+def gguf_problem(f: Path) -> str | None:
+    """Why `f` is not a GGUF file llama.cpp could load (its magic and version), or None."""
+    try:
+        with regular_file(f, "GGUF").open("rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if head[:4] != b"GGUF":
+        return "not a GGUF file (no GGUF magic)"
+    if len(head) < 8 or int.from_bytes(head[4:8], "little") not in (2, 3):
+        return "truncated or corrupt GGUF header"
+    return None
+
+
+def _gguf(f: Path, fix: str) -> Path:
+    why = gguf_problem(f)
+    if why:
+        raise UserError(f"{f}: {why}; {fix}")
+    return f
+
+
 def _hf_model(path: str, adapter: Path | None = None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with loading(f"{path}: the model"):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if adapter is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(adapter))
+        with loading(f"--run {adapter}: the adapter"):
+            model = PeftModel.from_pretrained(model, str(adapter))
     return model.eval()
 
 
@@ -161,19 +187,41 @@ def check(args):
             raise UserError("--quant: one type for evaluate")
         args.quant = quant[0]
         tools = llamacpp.find_tools(args.llama_cpp, need=("llama-quantize", "llama-perplexity", "llama-completion"))
+        have = rm.run / "export" / "gguf" / f"model-{args.quant}.gguf"
+        if have.exists():  # export-model's file, used as it is: checked before any conversion
+            _gguf(have, f"re-export it: export-model --run {rm.run} --to gguf --quant {args.quant} --overwrite")
     else:
         tools = None
     if args.ctx < 8:
         raise UserError(f"--ctx {args.ctx}: at least 8")
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens}: at least 1")
+    if args.data is not None:
+        regular_file(args.data, "--data")
     prompts = None
-    if args.prompts:
-        p = Path(args.prompts)
-        if not p.is_file():
-            raise UserError(f"--prompts {p}: no such file")
-        prompts = [ln for ln in p.read_text().splitlines() if ln.strip()]
+    if args.prompts is not None:
+        p = regular_file(args.prompts, "--prompts")
+        prompts = [ln for ln in p.read_text(errors="replace").splitlines() if ln.strip()]
         if not prompts:
             raise UserError(f"--prompts {p}: no prompts (one per line)")
+    args.out = out_file(args.out, rm)
     return rm, tools, prompts
+
+
+def out_file(flag: str | None, rm: RunModel) -> Path:
+    """Where the result goes: a file in an existing folder (nothing is created around it)."""
+    if flag is None:
+        return rm.run / "eval.json"
+    out = check_path(flag, "--out").expanduser().absolute()
+    if out.is_dir():
+        raise UserError(f"--out {out}: a folder; give a file name (e.g. {out / 'eval.json'})")
+    if out.exists() and not out.is_file():
+        raise UserError(f"--out {out}: exists and is not a regular file")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: no folder {out.parent}")
+    if not os.access(out.parent, os.W_OK):
+        raise UserError(f"--out {out}: folder {out.parent} is not writable")
+    return out
 
 
 def run(argv: list[str]) -> dict:
@@ -181,7 +229,8 @@ def run(argv: list[str]) -> dict:
 
     args = build_parser().parse_args(argv)
     rm, tools, prompts = check(args)
-    tok = AutoTokenizer.from_pretrained(rm.run)
+    with loading(f"--run {rm.run}: the tokenizer"):
+        tok = AutoTokenizer.from_pretrained(rm.run)
     text = "\n\n".join(load_texts(rm, args.data, tok))
     ids = tok(text)["input_ids"]
     ctx = min(args.ctx, len(ids) // 2)
@@ -197,14 +246,20 @@ def run(argv: list[str]) -> dict:
     if args.backend == "llama":
         result["quant"] = args.quant
         result["llama_cpp"] = tools.version()
-        ggufs = {w: _gguf_for(rm, args.quant, tools, w) for w in ("base", "finetuned")}
-        out_dir = rm.run / "eval"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        text_file = out_dir / "heldout.txt"
-        text_file.write_text(text)
-        for w, g in ggufs.items():
-            say(f"llama-perplexity on {g}")
-            result[w] = {**llamacpp.perplexity(tools, g, text_file, ctx), "model": str(g)}
+        cache = rm.run / "eval"
+        made = not cache.exists()
+        try:
+            ggufs = {w: _gguf_for(rm, args.quant, tools, w) for w in ("base", "finetuned")}
+        except BaseException:
+            if made:  # a failed command leaves the run folder as it was
+                shutil.rmtree(cache, ignore_errors=True)
+            raise
+        with tempfile.TemporaryDirectory(prefix="evaluate-") as tmp:  # nothing left in the run folder
+            text_file = Path(tmp) / "heldout.txt"
+            text_file.write_text(text)
+            for w, g in ggufs.items():
+                say(f"llama-perplexity on {g}")
+                result[w] = {**llamacpp.perplexity(tools, g, text_file, ctx), "model": str(g)}
         for p in prompts or []:
             completions.append({"prompt": p, **{w: llamacpp.complete(tools, g, p, args.max_new_tokens)
                                                 for w, g in ggufs.items()}})
@@ -225,11 +280,11 @@ def run(argv: list[str]) -> dict:
     result["difference_pct"] = 100.0 * (f - b) / b
     if completions:
         result["completions"] = completions
-    out = Path(args.out) if args.out else rm.run / "eval.json"
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, out)
-    result["written"] = str(out)
+    try:  # a temp file beside it, renamed when whole; removed when the disk is full
+        atomic_write(args.out, json.dumps(result, indent=2) + "\n")
+    except OSError as exc:
+        raise ToolError(f"--out {args.out}: cannot write the result: {exc.strerror or exc}") from None
+    result["written"] = str(args.out)
     return result
 
 

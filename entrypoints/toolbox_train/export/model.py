@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import llamacpp
-from ..cli import UserError, command_parser, run_command
-from ..training.runs import RunModel, find_finished, human_size
+from ..cli import ToolError, UserError, command_parser, run_command
+from ..guards import check_path
+from ..training.runs import RunModel, find_finished, human_size, loading
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STAGING_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}  # lossless into the GGUF type
@@ -83,13 +84,24 @@ def check(args) -> Job:
         raise UserError("--quant: only with --to gguf")
     if args.ollama and to != "gguf":
         raise UserError("--ollama: only with --to gguf (Ollama runs GGUF files)")
-    out = Path(args.out) if args.out else rm.run / "export" / to
-    out = out.expanduser().resolve()
+    out = check_path(args.out, "--out") if args.out is not None else rm.run / "export" / to
+    out = out.expanduser().absolute()
+    if args.out is not None:  # a folder of the user's: its parent must be there (nothing is created around it)
+        if not out.parent.is_dir():
+            raise UserError(f"--out {out}: no folder {out.parent}" + (
+                " (a file)" if out.parent.exists() else "; create it first"))
+        if not os.access(out.parent, os.W_OK):
+            raise UserError(f"--out {out}: folder {out.parent} is not writable")
+    out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
     if out.exists() and not args.overwrite:
         raise UserError(f"--out {out}: exists; pass --overwrite to replace it")
     if out == rm.run or rm.run.is_relative_to(out):
         raise UserError(f"--out {out}: would replace the run folder itself")
     dtype = args.dtype or rm.default_dtype()
+    if args.llama_cpp is not None:
+        check_path(args.llama_cpp, "--llama-cpp")
     tools = llamacpp.find_tools(args.llama_cpp) if to == "gguf" else None
     job = Job(rm, to, out, quants, dtype, args.ollama, args.overwrite, tools)
     job.estimate = estimate_bytes(rm, to, quants, dtype)
@@ -113,19 +125,24 @@ def merge(rm: RunModel, dest: Path, dtype: str) -> None:
     t0 = time.perf_counter()
     if rm.kind == "full":
         say(f"loading {rm.run} ({dtype})")
-        model = AutoModelForCausalLM.from_pretrained(rm.run, dtype=td)
+        with loading(f"--run {rm.run}: the model"):
+            model = AutoModelForCausalLM.from_pretrained(rm.run, dtype=td)
     else:
         from peft import PeftModel
 
         # The base in 16 bits (or fp32) from its own weights, never the 4-bit copy QLoRA trained on.
         say(f"loading base {rm.base} ({dtype}) and adapter {rm.run}")
-        base = AutoModelForCausalLM.from_pretrained(rm.base, dtype=td, quantization_config=None)
-        model = PeftModel.from_pretrained(base, str(rm.run)).merge_and_unload()
+        with loading(f"base model {rm.base}"):
+            base = AutoModelForCausalLM.from_pretrained(rm.base, dtype=td, quantization_config=None)
+        with loading(f"--run {rm.run}: the adapter"):
+            model = PeftModel.from_pretrained(base, str(rm.run)).merge_and_unload()
     model = model.to(td)
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config  # a merged export is plain weights
     model.save_pretrained(dest, safe_serialization=True)
-    AutoTokenizer.from_pretrained(rm.run).save_pretrained(dest)
+    with loading(f"--run {rm.run}: the tokenizer"):
+        tok = AutoTokenizer.from_pretrained(rm.run)
+    tok.save_pretrained(dest)
     say(f"merged in {time.perf_counter() - t0:.1f} s")
 
 
@@ -175,12 +192,28 @@ def do_gguf(job: Job, tmp: Path, manifest: list[dict]) -> None:
 
 
 def execute(job: Job) -> dict:
-    job.out.parent.mkdir(parents=True, exist_ok=True)
+    """Build the export in a temp folder beside --out and rename it into place when whole; on any
+    failure (a tool, a full disk, SIGTERM) the temp folder, and any folder made for it, go."""
+    made = [p for p in (job.out.parent, job.out.parent.parent) if not p.exists()]  # RUN/export (default out)
+    try:
+        job.out.parent.mkdir(parents=True, exist_ok=True)
+        return _execute(job)
+    except OSError as exc:  # ENOSPC, EDQUOT, EACCES while writing
+        raise ToolError(f"--out {job.out}: {exc.strerror or exc} while writing the export; nothing was "
+                        "written") from None
+    finally:
+        if not job.out.exists():
+            for p in made:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _execute(job: Job) -> dict:
     tmp = job.out.parent / f".{job.out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     manifest: list[dict] = []
     t0 = time.perf_counter()
+    old = None
     try:
         (do_merged if job.to == "merged" else do_gguf)(job, tmp, manifest)
         result = {"run": str(job.rm.run), "to": job.to, "out": str(job.out), "kind": job.rm.kind,
@@ -189,7 +222,6 @@ def execute(job: Job) -> dict:
                   "llama_cpp": job.tools.version() if job.tools else None,
                   "seconds": round(time.perf_counter() - t0, 2)}
         (tmp / "export.json").write_text(json.dumps(result, indent=2) + "\n")
-        old = None
         if job.out.exists():
             old = job.out.parent / f".{job.out.name}.old-{os.getpid()}"
             os.replace(job.out, old)
@@ -198,6 +230,8 @@ def execute(job: Job) -> dict:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists() and not job.out.exists():
+            os.replace(old, job.out)  # what was there before, back as it was
         raise
     return result
 

@@ -24,10 +24,10 @@ from typing import Any, Sequence
 import yaml
 
 from ..checks import preflight
-from ..cli import UserError, command_parser, run_command
+from ..cli import Terminated, UserError, command_parser, run_command
 from ..files import atomic_write
 from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
-from . import objectives, report
+from . import checkpoints, objectives, report
 from .objective_config import DATA_FORMAT, reference
 
 OBJECTIVE_SECTIONS = set(DATA_FORMAT)
@@ -147,8 +147,15 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
                         f"{p.cfg.data.max_seq_length}; raise it")
     try:
         trainer.train(resume_from_checkpoint=str(p.resume_from) if p.resume_from else None)
+    except Terminated as exc:
+        # Checkpoints are written whole or not at all: the newest one resumes exactly.
+        cp = checkpoints.newest_complete(Path(trainer.args.output_dir), warn=lambda m: None)
+        exc.args = (f"{cp} is the newest checkpoint; `finetune --resume` continues from it" if cp
+                    else "no checkpoint had been written; the run starts over",)
+        raise
     finally:
         trainer.finish_local_sgd()
+    trainer.check_finite()  # the steps after the last check: no final weights from a NaN run
     save_final(p, trainer, tok)
     summary = summarize(p, trainer, summary)
     if exports and trainer.is_world_process_zero():

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from ..cli import UserError
+from ..cli import UserError, first_line
+from ..guards import check_path, special_file
+from .weights import model_folder_problem, safetensors_problem
 
 # What every finished (or resumable) output folder holds beside the weights: finetune writes it.
 RESOLVED_CONFIG = "config.resolved.yaml"
@@ -25,7 +28,10 @@ def human_size(n: float) -> str:
 def _safetensors(folder: Path) -> list[Path]:
     idx = folder / "model.safetensors.index.json"
     if idx.is_file():
-        names = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json_object(idx)["weight_map"].values()))
+        except (KeyError, TypeError, AttributeError):
+            raise UserError(f"{idx}: corrupt index (no weight_map of file names)") from None
         return [folder / n for n in names]
     return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else []
 
@@ -89,12 +95,9 @@ class RunModel:
 
     def eval_texts(self, tokenizer) -> list[str]:
         """The run's held-out rows as plain text (eval_path, or the eval_split finetune held out)."""
-        from types import SimpleNamespace
-
-        from .config import TrainConfig
         from .data import load_datasets
 
-        cfg = TrainConfig.model_validate({k: v for k, v in self.resolved.items() if not k.startswith("_")})
+        cfg = resolved_config(self.run, self.resolved)
         if not (cfg.data.eval_path or cfg.data.eval_split > 0):
             raise UserError(f"--run {self.run}: the run had no eval split (data.eval_path / data.eval_split); "
                             "pass --data FILE")
@@ -124,8 +127,71 @@ def rows_to_texts(ds, tokenizer) -> list[str]:
     return out
 
 
+def _readable(f: Path) -> Path:
+    kind = special_file(f)
+    if kind:  # a FIFO would block the read for ever
+        raise UserError(f"{f}: {kind}, not a regular file (it is not read)")
+    return f
+
+
+def json_object(f: Path) -> dict:
+    """A JSON file of the run or its base that must hold an object: a damaged one is named."""
+    try:
+        obj = json.loads(_readable(f).read_text())
+    except (OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
+        raise UserError(f"{f}: truncated or corrupt ({first_line(exc, 120)})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{f}: corrupt (a JSON {type(obj).__name__}, not an object)")
+    return obj
+
+
+def _check_files(run: Path, kind: str, base: str | None) -> None:
+    """Every file export/evaluate will load, checked before anything is loaded or written."""
+    for name in ("summary.json", "tokenizer_config.json", "tokenizer.json", "generation_config.json",
+                 "special_tokens_map.json"):
+        if (run / name).exists():
+            json_object(run / name)
+    if kind == "adapter":
+        json_object(run / "adapter_config.json")
+        why = safetensors_problem(_readable(run / "adapter_model.safetensors"))
+        folder = Path(base)
+    else:
+        why, folder = None, run
+    json_object(folder / "config.json")
+    for f in folder.glob("*.safetensors*"):
+        _readable(f)
+    why = why or model_folder_problem(folder)
+    if why:
+        raise UserError(f"{run if kind == 'full' or why.startswith('adapter_') else folder}/{why}")
+
+
+@contextlib.contextmanager
+def loading(what: str):
+    """Loading a checked run or model that a library still cannot read: bad input, one line."""
+    try:
+        yield
+    except (UserError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 (transformers/peft/tokenizers raise anything)
+        raise UserError(f"{what} cannot be loaded: {type(exc).__name__}: {first_line(exc, 200)}") from None
+
+
+def resolved_config(run: Path, resolved: dict):
+    """The run's config.resolved.yaml as a TrainConfig; a truncated or edited one is named."""
+    from pydantic import ValidationError
+
+    from .config import TrainConfig
+
+    try:
+        return TrainConfig.model_validate({k: v for k, v in resolved.items() if not k.startswith("_")})
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(x) for x in e["loc"])
+        raise UserError(f"{run / 'config.resolved.yaml'}: {where}: {e['msg']} (truncated or edited?)") from None
+
+
 def find_finished(run: Path) -> RunModel:
-    run = run.expanduser().resolve()
+    run = check_path(str(run), "--run").expanduser().resolve()
     if not run.is_dir():
         raise UserError(f"--run {run}: no such folder")
     resolved_f = run / RESOLVED_CONFIG
@@ -133,11 +199,14 @@ def find_finished(run: Path) -> RunModel:
         raise UserError(f"--run {run}: no finished model (no summary.json/config.resolved.yaml: the run did not "
                         "finish, or this is not a finetune output folder)")
     try:
-        resolved = yaml.safe_load(resolved_f.read_text()) or {}
+        resolved = yaml.safe_load(_readable(resolved_f).read_text()) or {}
         method = resolved["method"]
         base = resolved["model"]["path"]
-    except (yaml.YAMLError, KeyError, TypeError) as exc:
-        raise UserError(f"{resolved_f}: unreadable ({exc})") from None
+        if not (isinstance(method, str) and isinstance(base, str)):
+            raise TypeError("method and model.path must be text")
+    except (yaml.YAMLError, ValueError, KeyError, TypeError) as exc:  # UTF-8 errors are ValueErrors
+        raise UserError(f"{resolved_f}: unreadable ({first_line(exc, 120)})") from None
+    resolved_config(run, resolved)
     resolved["_base"] = str(run)
     if (run / "adapter_config.json").is_file() and (run / "adapter_model.safetensors").is_file():
         kind = "adapter"
@@ -151,6 +220,7 @@ def find_finished(run: Path) -> RunModel:
         raise UserError(f"--run {run}: no finished model (no adapter_model.safetensors or model.safetensors)")
     if not (run / "tokenizer_config.json").is_file():
         raise UserError(f"--run {run}: no tokenizer saved in the run folder")
-    cfg = json.loads((cfg_dir / "config.json").read_text())
+    _check_files(run, kind, base)
+    cfg = json_object(cfg_dir / "config.json")
     return RunModel(run, kind, method, base if kind == "adapter" else None, cfg.get("model_type", "?"),
                     cfg.get("vision_config") is not None, resolved)
