@@ -14,6 +14,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,11 @@ class TestUser:
             subprocess.run(["usermod", "--add-subuids", "300000-365535", "--add-subgids", "300000-365535", name],
                            check=True, capture_output=True)
         user = cls(name, created)
+        if not user.home.is_dir() or user.home.stat().st_uid != user.uid:
+            # a user left by a run cut short, its home gone: rootless podman needs a home of its own
+            user.home.mkdir(parents=True, exist_ok=True)
+            os.chown(user.home, user.uid, user.gid)
+            user.home.chmod(0o700)
         user.runtime_dir.mkdir(parents=True, exist_ok=True)
         os.chown(user.runtime_dir, user.uid, user.gid)
         user.runtime_dir.chmod(0o700)
@@ -280,15 +286,20 @@ class TestUser:
         self.run(["podman", "rm", "--all", "--force"], timeout=300)
         # what is left of the user's processes (podman's pause process, conmon): ours, by pid;
         # then userdel removes the home with the user's image storage in it
-        ps = subprocess.run(["ps", "-o", "pid=", "-u", str(self.uid)], capture_output=True, text=True)
-        for pid in ps.stdout.split():
-            try:
-                os.kill(int(pid), 9)
-            except (ProcessLookupError, ValueError):
-                pass
+        for _ in range(50):  # userdel refuses a user with processes: SIGKILL, then wait until gone
+            ps = subprocess.run(["ps", "-o", "pid=", "-u", str(self.uid)], capture_output=True, text=True)
+            if not ps.stdout.split():
+                break
+            for pid in ps.stdout.split():
+                try:
+                    os.kill(int(pid), 9)
+                except (ProcessLookupError, ValueError):
+                    pass
+            time.sleep(0.2)
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
         if self.created:
-            subprocess.run(["userdel", self.name], capture_output=True)
+            if subprocess.run(["userdel", self.name], capture_output=True).returncode != 0:
+                return  # the user stays, with its home: the next run's make() takes both as they are
             # the home holds the user's image storage (GBs): renamed, then deleted in the background
             gone = self.home.with_name(f"{self.home.name}.deleting-{os.getpid()}")
             self.home.rename(gone)
