@@ -11,6 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..guards import special_file
 from .weights import safetensors_problem, torch_file_problem
 
 PREFIX = "checkpoint-"
@@ -33,6 +34,10 @@ def listed(root: Path) -> list[Path]:
 
 def problem(cp: Path) -> str | None:
     """Why `cp` cannot be resumed from (naming the file), or None when every file in it loads."""
+    for f in cp.iterdir():
+        kind = special_file(f)
+        if kind:  # reading a FIFO would block for ever
+            return f"{f.name} is {kind}, not a regular file"
     state = cp / "trainer_state.json"
     try:
         if not isinstance(json.loads(state.read_text()).get("global_step"), int):
