@@ -270,3 +270,40 @@ def test_build_context_folder_left_as_it_was_when_the_disk_is_full(tiny_fs):
     assert [p.name for p in tiny_fs.iterdir()] == ["ctx"] and list(ctx.iterdir()) == []
     r = run("build", "--stack", "cpu", "--engine", "podman", "--context", "/etc/hostname", "--dry-run")
     assert r.returncode == 2 and "--context /etc/hostname: exists and is not an empty folder" in r.stderr
+
+
+def test_sigterm_cleans_up_and_exits_143(tmp_path):
+    """SIGTERM in the middle of `toolbox lock` (uv running, a stand-in that waits): exit 143, one
+    line, the lock as it was, no temporary folder left; uv itself is stopped too."""
+    import signal
+
+    from toolbox.paths import STACKS_DIR
+
+    stacks, tmp, bin_dir = tmp_path / "stacks", tmp_path / "tmp", tmp_path / "bin"
+    for d in (stacks, tmp, bin_dir):
+        d.mkdir()
+    shutil.copy(STACKS_DIR / "cpu.yaml", stacks / "cpu.yaml")
+    shutil.copy(STACKS_DIR / "cpu.pylock.txt", stacks / "cpu.pylock.txt")
+    before = (stacks / "cpu.pylock.txt").read_bytes()
+    started = tmp_path / "uv-started"
+    (bin_dir / "uv").write_text(f"#!/bin/sh\necho $$ > {started}\nexec sleep 600\n")
+    (bin_dir / "uv").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "toolbox", "lock", "--stack", str(stacks / "cpu.yaml")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (started.exists() and started.read_text().strip()):  # uv runs: toolbox is inside compile_lock
+            assert proc.poll() is None, proc.communicate()
+            threading.Event().wait(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and err == "toolbox: terminated (SIGTERM)\n", (proc.returncode, err)
+    assert (stacks / "cpu.pylock.txt").read_bytes() == before
+    assert list(tmp.iterdir()) == []  # compile_lock's temporary folder went
+    uv_pid = int(started.read_text())
+    with pytest.raises(ProcessLookupError):
+        for _ in range(600):  # subprocess.run kills uv on the way out; reaped by then
+            os.kill(uv_pid, 0)
+            threading.Event().wait(0.1)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from toolbox import __version__
-from toolbox.errors import ToolError, UserError
+from toolbox.errors import Terminated, ToolError, UserError
 
 # command: (module in toolbox/commands/, its line in `toolbox --help`)
 COMMANDS = {
@@ -113,10 +115,17 @@ def _error_line(exc: BaseException, command: str | None) -> tuple[str, int]:
     return f"toolbox: internal error: {type(exc).__name__}: {one_line(exc)} (run with --debug for the traceback)", 1
 
 
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
     debug = os.environ.get("TOOLBOX_DEBUG") == "1" or "--debug" in argv[: argv.index(command) if command else None]
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)
@@ -126,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         sys.stdout.flush()
         return code
+    except Terminated:
+        print("toolbox: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("toolbox: interrupted", file=sys.stderr)
         return 130
@@ -147,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(line, file=sys.stderr)
         return code
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
 
 
 if __name__ == "__main__":

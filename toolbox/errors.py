@@ -11,3 +11,9 @@ class ToolError(Exception):
     """Something outside the user's input failed (an engine, a build); exit code 1."""
 
     exit_code = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `kill`, `podman stop` of a container toolbox runs in), raised in the
+    main thread like Ctrl-C, so that cleanup runs: temporary files go, outputs stay whole, the
+    nodes of a cluster run are stopped; exit code 143."""

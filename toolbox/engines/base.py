@@ -17,7 +17,28 @@ from pathlib import Path
 from typing import Callable
 
 from toolbox.engines.spec import BuildResult, BuildSpec, RunSpec
-from toolbox.errors import ToolError
+from toolbox.errors import Terminated, ToolError
+
+
+def call(argv: list[str]) -> int:
+    """subprocess.call that hands a SIGTERM of toolbox on to the engine's client (podman run
+    passes it to the container) and waits for it, instead of killing the client and leaving
+    the container running."""
+    import signal
+
+    with subprocess.Popen(argv) as proc:
+        try:
+            return proc.wait()
+        except Terminated:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        except BaseException:
+            proc.kill()
+            raise
 
 LineSink = Callable[[str], None]
 

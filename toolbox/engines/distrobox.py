@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 
-from toolbox.engines.base import ContainerEngine
+from toolbox.engines.base import ContainerEngine, call
 from toolbox.engines.spec import RunSpec
 from toolbox.errors import ToolError, UserError
 
@@ -43,4 +42,4 @@ class DistroboxEngine(ContainerEngine):
 
     def run(self, spec: RunSpec) -> int:
         self.check_user()
-        return subprocess.call(self.run_command(spec))
+        return call(self.run_command(spec))

@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 
-from toolbox.engines.base import ImageEngine, LineSink, iid_tempdir, stream_build
+from toolbox.engines.base import ImageEngine, LineSink, call, iid_tempdir, stream_build
 from toolbox.engines.spec import BuildResult, BuildSpec, RunSpec
 from toolbox.errors import ToolError
 
@@ -73,6 +73,6 @@ class PodmanEngine(ImageEngine):
     def run(self, spec: RunSpec) -> int:
         argv = self.run_command(spec)
         try:
-            return subprocess.call(argv)
+            return call(argv)
         except OSError as exc:
             raise ToolError(f"cannot start {self.binary}: {exc}. {self.missing_hint()}") from exc

@@ -7,9 +7,8 @@ skipping Python entry scripts on PATH (or named by TOOLBOX_TOOLBX).
 from __future__ import annotations
 
 import os
-import subprocess
 
-from toolbox.engines.base import ContainerEngine
+from toolbox.engines.base import ContainerEngine, call
 from toolbox.engines.spec import RunSpec
 from toolbox.errors import ToolError
 
@@ -57,4 +56,4 @@ class ToolbxEngine(ContainerEngine):
         return [self.binary, "run", "--container", spec.name, *self.in_image_env(spec.command)]
 
     def run(self, spec: RunSpec) -> int:
-        return subprocess.call(self.run_command(spec))
+        return call(self.run_command(spec))
