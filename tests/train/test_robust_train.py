@@ -183,3 +183,30 @@ def test_sigterm_stops_saying_so_and_resumes_to_the_same_weights(tmp_path, tiny_
     assert r.returncode == 0, r.stderr
     a, b = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(tmp_path / "cut" / "model.safetensors"))
     assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+
+@pytest.mark.slow
+def test_launch_passes_sigterm_on_to_the_ranks_and_the_run_resumes(tmp_path, tiny_model):
+    data = write_dataset(tmp_path / "r.jsonl", "text", n=24)
+    out = tmp_path / "out"
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out,
+                             **{"train.max_steps": 6, "output.save_steps": 2})
+    cmd = [sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--nproc", "1", "--cpu",
+           "--", "finetune", "--config", str(cfg)]
+    env = {**ENV, "OMP_NUM_THREADS": "1"}
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(k, None)
+    # Test hook: after step 3 the rank sends SIGTERM to launch (as podman stop would) and waits for
+    # it to come back through torchrun.
+    r = subprocess.run(cmd, env={**env, "TOOLBOX_TEST_SIGNAL_AFTER_STEP": "3", "TOOLBOX_TEST_SIGNAL_TARGET": "launch"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
+    assert "finetune: terminated (SIGTERM)" in r.stderr  # the rank got it, through torchrun
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("launch: terminated (SIGTERM): passed on to the ranks"), r.stderr[-3000:]
+    assert [p.name for p in checkpoints.listed(out / "checkpoints")][-1] == "checkpoint-2"
+    assert not (out / "summary.json").exists()
+    r = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 7))

@@ -84,7 +84,7 @@ class Metrics(TrainerCallback):
         if state.global_step == int(os.environ.get("TOOLBOX_TEST_POISON_AFTER_STEP", "0") or 0):
             next(kw["model"].parameters()).data.fill_(float("nan"))
         if state.global_step == int(os.environ.get("TOOLBOX_TEST_SIGNAL_AFTER_STEP", "0") or 0):
-            os.kill(os.getpid(), signal.SIGTERM)
+            _signal_for_test()
 
     def on_train_end(self, args, state, control, **kw):
         dt = time.perf_counter() - (self.t0 or time.perf_counter())
@@ -92,6 +92,17 @@ class Metrics(TrainerCallback):
         self.summary["wall_s"] = round(dt, 3)
         self.summary["tokens"] = int(state.num_input_tokens_seen)
         self.summary["tokens_per_s"] = (state.num_input_tokens_seen - (self.tok0 or 0)) / max(dt, 1e-9)
+
+
+def _signal_for_test() -> None:
+    """SIGTERM to this process, or (TOOLBOX_TEST_SIGNAL_TARGET=launch) to `launch`, the parent of
+    the torchrun agent that started this rank; then wait for the SIGTERM to come back through it."""
+    pid = os.getpid()
+    if os.environ.get("TOOLBOX_TEST_SIGNAL_TARGET") == "launch":
+        with open(f"/proc/{os.getppid()}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(600)  # Terminated is raised in here when the signal arrives
 
 
 class _LocalSGDStep(TrainerCallback):
