@@ -107,6 +107,7 @@ def test_failed_quantize_leaves_nothing(real_vocab_run, llama_tools, tmp_path, c
     q.write_text("#!/bin/sh\necho 'quantize: simulated failure' >&2\nexit 3\n")
     q.chmod(q.stat().st_mode | stat.S_IEXEC)
     out = tmp_path / "out" / "gguf"
+    out.parent.mkdir()  # --out's folder must exist (a missing one is refused before any work)
     rc = export.main(["--run", str(real_vocab_run("llama")), "--to", "gguf", "--quant", "f16,q8_0",
                       "--out", str(out), "--llama-cpp", str(broken)])
     err = capsys.readouterr().err
