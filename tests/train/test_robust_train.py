@@ -63,6 +63,17 @@ def test_numbers_that_cannot_train_are_refused_at_their_line(tmp_path, tiny_mode
     assert not out.exists()
 
 
+def test_schema_errors_are_one_line_and_a_set_value_is_blamed_on_set(tmp_path, tiny_model, data, capsys):
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, tmp_path / "out",
+                             **{"train.max_steps": 0, "train.epochs": float("inf")})
+    code, err = _main(["--config", str(cfg)], capsys)
+    msg = err.strip().splitlines()[-1]
+    assert code == 2 and "train.max_steps: 0" in msg and "train.epochs: not a finite number" in msg, err
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, tmp_path / "out")
+    code, err = _main(["--config", str(cfg), "--set", "train.learning_rate=.inf"], capsys)
+    assert code == 2 and "error: --set: train.learning_rate: not a finite number" in err, err
+
+
 def test_an_eval_split_leaving_no_training_rows_is_refused(tmp_path, tiny_model, data, capsys):
     out = tmp_path / "out"
     cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out, **{"data.eval_split": 0.99})
