@@ -307,3 +307,36 @@ def test_sigterm_cleans_up_and_exits_143(tmp_path):
         for _ in range(600):  # subprocess.run kills uv on the way out; reaped by then
             os.kill(uv_pid, 0)
             threading.Event().wait(0.1)
+
+
+def test_sigterm_during_a_build_stops_the_engine_and_removes_the_context(tmp_path):
+    """podman here is a stand-in that streams and waits: the real one cannot be stopped on cue.
+    toolbox hands the SIGTERM on, waits for it, removes its temporary build context, exits 143."""
+    import signal
+
+    tmp, bin_dir = tmp_path / "tmp", tmp_path / "bin"
+    tmp.mkdir()
+    bin_dir.mkdir()
+    got = tmp_path / "podman-got"
+    (bin_dir / "podman").write_text(
+        "#!/bin/bash\n"
+        '[ "$1" = build ] || exit 0\n'
+        f"trap 'echo TERM > {got}; exit 143' TERM\n"
+        f"echo started > {got}\n"
+        "echo 'STEP 1/9: FROM x'\n"
+        "while true; do sleep 0.1; done\n")
+    (bin_dir / "podman").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "toolbox", "build", "--stack", "cpu", "--engine", "podman"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (got.exists() and got.read_text() == "started\n"):
+            assert proc.poll() is None, proc.communicate()
+            threading.Event().wait(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and err.endswith("toolbox: terminated (SIGTERM)\n"), (proc.returncode, err)
+    assert got.read_text() == "TERM\n"  # the engine was told, not orphaned
+    assert list(tmp.iterdir()) == []  # the build context and the iidfile folder went

@@ -20,25 +20,33 @@ from toolbox.engines.spec import BuildResult, BuildSpec, RunSpec
 from toolbox.errors import Terminated, ToolError
 
 
+def _stop(proc: subprocess.Popen, exc: BaseException) -> None:
+    """End an engine's client because toolbox is ending: a SIGTERM is handed on (the engine
+    stops what it runs) and waited for; anything else kills it. Never left running behind us."""
+    import signal
+
+    if isinstance(exc, Terminated):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    proc.kill()
+    proc.wait()
+
+
 def call(argv: list[str]) -> int:
     """subprocess.call that hands a SIGTERM of toolbox on to the engine's client (podman run
     passes it to the container) and waits for it, instead of killing the client and leaving
     the container running."""
-    import signal
-
     with subprocess.Popen(argv) as proc:
         try:
             return proc.wait()
-        except Terminated:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        except BaseException as exc:
+            _stop(proc, exc)
             raise
-        except BaseException:
-            proc.kill()
-            raise
+
 
 LineSink = Callable[[str], None]
 
@@ -146,11 +154,15 @@ def stream_build(label: str, argv: list[str], iidfile: str, sink: LineSink, env:
     except OSError as exc:
         raise ToolError(f"cannot start {argv[0]}: {exc}. {hint}".rstrip(". ")) from exc
     assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        log.append(line)
-        sink(line)
-    rc = proc.wait()
+    try:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            log.append(line)
+            sink(line)
+        rc = proc.wait()
+    except BaseException as exc:  # Ctrl-C, SIGTERM (errors.Terminated), a sink that failed
+        _stop(proc, exc)
+        raise
     iid = Path(iidfile).read_text().strip() if os.path.exists(iidfile) else ""
     if rc != 0 or not iid:
         raise build_failure(label, list(log), f"`{label} build` exited {rc}")
