@@ -3,7 +3,8 @@
   config       train.yaml -> TrainConfig (fields, files and lines)
   data, rowcheck   datasets: load, detect the format, check every row
   weights      cheap integrity checks of weight and checkpoint files
-  models       the HF / Unsloth model loaders and the PEFT config
+  models       the HF / Unsloth model loaders
+  lora         the PEFT LoRA config (which modules get adapters)
   sft_config   TrainConfig + Plan -> TRL's SFTConfig
   trainer      the SFTTrainer subclass (atomic checkpoints, LocalSGD, metrics)
   checkpoints  which checkpoint a run resumes from

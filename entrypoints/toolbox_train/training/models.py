@@ -7,30 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..planning.arithmetic import LORA_ALL_LINEAR
 from ..planning.checks import Dist, Plan, using_fsdp
-
-# Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
-VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
-
-
-def lora_targets(p: Plan):
-    t = p.cfg.lora.target_modules
-    if not p.multimodal:
-        return t
-    # Text-only fine-tuning of a multimodal wrapper: adapters on the language model only.
-    import re
-
-    names = ("q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj" if t == "all-linear"
-             else "|".join(re.escape(x) for x in t))
-    return rf"^(?!.*({'|'.join(VISION_PARTS)})).*\.({names})$"
-
-
-def peft_config(p: Plan):
-    from peft import LoraConfig
-
-    c = p.cfg.lora
-    return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
-                      bias="none", task_type="CAUSAL_LM")
+from .lora import VISION_PARTS, peft_config
 
 
 def torch_dtype(p: Plan):
@@ -95,7 +74,7 @@ def load_unsloth(p: Plan, dist: Dist):
         if c.target_modules != "all-linear":
             kw["target_modules"] = c.target_modules
         elif loader is FastLanguageModel:
-            kw["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+            kw["target_modules"] = list(LORA_ALL_LINEAR)
         if loader is FastModel:
             kw.update(finetune_vision_layers=False, finetune_language_layers=True,
                       finetune_attention_modules=True, finetune_mlp_modules=True)

@@ -81,7 +81,7 @@ def expected_weights(p) -> tuple[dict[str, list[int]], list[set[str]]]:
         return shapes, list(groups.values())
     from peft import get_peft_model, get_peft_model_state_dict
 
-    from .models import peft_config
+    from .lora import peft_config
 
     sd = get_peft_model_state_dict(get_peft_model(model, peft_config(p)))
     return {k: list(v.shape) for k, v in sd.items()}, [{k} for k in sd]
