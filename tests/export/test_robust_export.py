@@ -80,7 +80,7 @@ def test_a_damaged_run_file_is_named(run, tmp_path, capsys, name, how, prog):
     assert _snapshot(tmp_path) == before
 
 
-def test_a_fifo_in_the_run_or_as_data_is_refused_not_read(run, tmp_path, capsys):
+def test_a_fifo_in_the_run_or_as_data_is_refused_not_read(run, lora_run, tmp_path, capsys):
     fifo = tmp_path / "held.jsonl"
     os.mkfifo(fifo)
     for flag in ("--data", "--prompts"):
@@ -90,6 +90,12 @@ def test_a_fifo_in_the_run_or_as_data_is_refused_not_read(run, tmp_path, capsys)
     os.mkfifo(run / "tokenizer.json")
     code, err = _call(export.main, ["--run", run, "--to", "merged", "--out", tmp_path / "o"], capsys)
     assert code == 2 and "tokenizer.json: a FIFO" in _one_line(err, "export-model")
+    (run / "tokenizer.json").unlink()
+    shutil.copy(lora_run / "tokenizer.json", run / "tokenizer.json")
+    (run / "chat_template.jinja").unlink()
+    os.mkfifo(run / "chat_template.jinja")  # read by the tokenizer's loader, named by no check
+    code, err = _call(evaluate.main, ["--run", run, "--backend", "hf"], capsys)
+    assert code == 2 and "chat_template.jinja: a FIFO" in _one_line(err, "evaluate")
 
 
 @pytest.mark.parametrize("out, expect", [

@@ -147,6 +147,9 @@ def json_object(f: Path) -> dict:
 
 def _check_files(run: Path, kind: str, base: str | None) -> None:
     """Every file export/evaluate will load, checked before anything is loaded or written."""
+    for folder in (run, Path(base)) if kind == "adapter" else (run,):
+        for f in folder.iterdir():  # tokenizer.model, vocab.json...: a FIFO among them would block a loader
+            _readable(f)
     for name in ("summary.json", "tokenizer_config.json", "tokenizer.json", "generation_config.json",
                  "special_tokens_map.json"):
         if (run / name).exists():
