@@ -10,7 +10,8 @@ import pytest
 
 from helpers import pref
 from helpers.tiny import write_train_config
-from toolbox_train.training import finetune, pref_rows
+from toolbox_train.training import finetune
+from toolbox_train.training.objectives import pref_rows
 
 NO_OUTPUT = "nothing may be written"
 

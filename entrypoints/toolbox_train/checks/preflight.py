@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from ..training import objectives, pref_rows
+from ..training.objectives import pref_rows, trainers
 from ..training.data import Locate, load_datasets
 from ..cli import UserError, first_line
 from ..planning.checks import Plan, log
@@ -123,5 +123,5 @@ def validate(p: Plan):
         loaded = load_datasets(p.cfg, p.base, check=check)
     except UserError as exc:  # data.path / data.eval_path / data.format: where the config says so
         raise UserError(p.locate(str(exc))) from None
-    objectives.check(p, p.world_size)  # GRPO's reward functions resolve: launch checks them too
+    trainers.check(p, p.world_size)  # GRPO's reward functions resolve: launch checks them too
     return loaded

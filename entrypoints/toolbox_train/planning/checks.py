@@ -110,7 +110,7 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
-TRL_FOR_OBJECTIVES = "1.15.0"  # what the objectives are written against (training/objectives.py)
+TRL_FOR_OBJECTIVES = "1.15.0"  # what the objectives are written against (training/objectives/trainers.py)
 
 
 def trl_problem(cfg: TrainConfig) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .arithmetic import GiB, Estimate, Setting, Shape, estimate, parse_size
-from ..training.objective_config import reference
+from ..training.objectives.config import reference
 
 SAFETY = 0.85  # plan to use at most 85% of the device: the planner is calibrated to about +-15%
 

@@ -11,4 +11,5 @@
   runs         what a finished output folder holds (read by export and evaluate)
   report       the end of a run as a person reads it (step lines, summary, loss.png)
   finetune     the console script (thin: checks in planning.checks, the heavy imports on demand)
+  objectives/  the preference objectives (DPO, ORPO, KTO, GRPO) on TRL's trainers
 """

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..cli import UserError
 from ..guards import path_problem, special_file
 from ..safe_yaml import SafeYamlError, load_file, load_text
-from .objective_config import DpoCfg, GrpoCfg, KtoCfg, OrpoCfg
+from .objectives.config import DpoCfg, GrpoCfg, KtoCfg, OrpoCfg
 
 
 class _Strict(BaseModel):

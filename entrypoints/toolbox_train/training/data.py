@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 from ..cli import UserError, first_line
 from ..guards import special_file
-from . import pref_rows
-from .objective_config import DATA_FORMAT
+from .objectives import pref_rows
+from .objectives.config import DATA_FORMAT
 from .rowcheck import Locate, check_rows, detect_format, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}

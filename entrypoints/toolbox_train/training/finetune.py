@@ -27,8 +27,9 @@ from ..checks import preflight
 from ..cli import Terminated, UserError, command_parser, run_command
 from ..files import atomic_write
 from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
-from . import checkpoints, objectives, report
-from .objective_config import DATA_FORMAT, reference
+from . import checkpoints, report
+from .objectives import trainers
+from .objectives.config import DATA_FORMAT, reference
 
 OBJECTIVE_SECTIONS = set(DATA_FORMAT)
 
@@ -96,7 +97,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0,
              device_memory=device_memory)
     train_ds, eval_ds, fmt = preflight.validate(p)  # bad data is still bad input: before the model
-    rewards = objectives.check(p, dist.world_size)  # GRPO's reward functions, before the model too
+    rewards = trainers.check(p, dist.world_size)  # GRPO's reward functions, before the model too
     exports = report.parse_exports(p.cfg.output.export)
     if any(a[1] == "gguf" for a in exports):
         from ..export.llamacpp import find_tools
@@ -107,7 +108,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     log(f"backend {p.backend}, method {p.cfg.method}, data {fmt} ({len(train_ds)} rows), "
         f"precision {p.precision}, world size {p.world_size}, grad accumulation {p.grad_accum}, liger {p.liger}")
     if p.cfg.objective != "sft":
-        log(objectives.describe(p.cfg))
+        log(trainers.describe(p.cfg))
     if p.memory is not None:
         log(p.memory.banner())
     if dist.rank == 0:
@@ -131,7 +132,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                           processing_class=tok, peft_config=peft_cfg, plan=p, callbacks=callbacks)
     else:
-        trainer = objectives.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, rewards)
+        trainer = trainers.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, rewards)
         args = trainer.args
     report.step_lines(trainer)  # per-step lines on stderr; stdout keeps the summary alone
     if args.save_on_each_node:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..cli import UserError
-from . import pref_rows
+from .objectives import pref_rows
 
 NAMED = 5  # bad rows named in the message; the rest are counted
 ROLE_KEYS = ("messages", "conversations")
@@ -34,7 +34,7 @@ def detect_format(columns: Iterable[str], text_field: str, where: str) -> str:
 
 def row_problem(row: dict[str, Any], fmt: str, text_field: str) -> str | None:
     """What is wrong with one row for `fmt` (text, alpaca, messages; the preference formats in
-    pref_rows.py), or None."""
+    objectives/pref_rows.py), or None."""
     if fmt in pref_rows.FORMATS:
         return pref_rows.problem(row, fmt)
     if fmt == "text":

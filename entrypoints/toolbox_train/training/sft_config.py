@@ -1,5 +1,5 @@
 """The mapping of a TrainConfig (and what the checks resolved) onto TRL's SFTConfig (and the
-arguments the preference objectives share with it, objectives.py)."""
+arguments the preference objectives share with it, objectives/trainers.py)."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def fused_head_ok(inputs) -> bool:
 
 class Toolbox:
     """What every objective's trainer gets on top of TRL's (SFTTrainer here, DPO/ORPO/KTO/GRPO in
-    objectives.py): atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
+    objectives/trainers.py): atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
 
     `plan`: the resolved Plan (checkpoint rotation, CPU optimizer loading, the sync mode).
     """

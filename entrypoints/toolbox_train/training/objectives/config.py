@@ -1,5 +1,5 @@
 """The train.yaml sections of the preference objectives (`objective: dpo|orpo|kto|grpo`), one per
-objective, mapped onto TRL's DPOConfig / ORPOConfig / KTOConfig / GRPOConfig in objectives.py."""
+objective, mapped onto TRL's DPOConfig / ORPOConfig / KTOConfig / GRPOConfig in trainers.py."""
 
 from __future__ import annotations
 

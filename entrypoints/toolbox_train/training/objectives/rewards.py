@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..cli import UserError, first_line
+from ...cli import UserError, first_line
 
 
 def _text(c) -> str:

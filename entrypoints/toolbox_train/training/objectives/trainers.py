@@ -1,5 +1,5 @@
 """The preference objectives on TRL's trainers: DPO, KTO and GRPO (trl), ORPO (trl.experimental.orpo,
-TRL 1.15). The config section of each maps onto the trainer's config; the shared arguments,
+TRL 1.15). The config section of each (config.py) maps onto the trainer's config; the shared arguments,
 checkpoints, resume and LocalSGD are SFT's (sft_config.common_args, trainer.Toolbox).
 
 `check` runs with the other checks, before the model loads; `build` imports TRL (after Unsloth,
@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from ..cli import UserError
-from .objective_config import REFERENCE_TEXT, reference
+from ...cli import UserError
+from .config import REFERENCE_TEXT, reference
 
 TRAINERS = {"dpo": ("trl", "DPOTrainer", "DPOConfig"), "kto": ("trl", "KTOTrainer", "KTOConfig"),
             "grpo": ("trl", "GRPOTrainer", "GRPOConfig"),
@@ -54,7 +54,7 @@ def check(p, world_size: int) -> tuple[list, list[float]] | None:
 
 def trl_args(p, dist, reward_weights: list[float] | None = None):
     """The TRL config of the objective: the shared arguments plus the objective's section."""
-    from .sft_config import common_args
+    from ..sft_config import common_args
 
     cfg = p.cfg
     mod, _, config_name = TRAINERS[cfg.objective]
@@ -82,7 +82,7 @@ def trl_args(p, dist, reward_weights: list[float] | None = None):
 def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, rewards=None):
     """The objective's TRL trainer with the Toolbox additions, ready to train."""
     from . import logprob
-    from .trainer import Toolbox
+    from ..trainer import Toolbox
 
     if not p.gpu:
         logprob.install()  # TRL 1.15's fused LM head is a Triton kernel (logprob.py)
