@@ -266,3 +266,28 @@ def test_cli_bad_input_exits_2(tmp_path):
         assert p.returncode == 2, p.stderr
         assert msg in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_host_overhead_reports_bare_and_finetune_per_step(tmp_path):
+    """`bench host-overhead` (issue 26): both loops timed on the same toy model and batches, and the host
+    reads of tensor values counted per step. No timing is asserted (a shared CPU); the counts are exact:
+    transformers' per-step NaN/Inf filter (turned back on by the pre-issue-26 settings) reads the loss twice."""
+    out = tmp_path / "host"
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.bench", "host-overhead", "--shape", "tiny-llama",
+                        "--variants", "defaults,before-issue-26,nan-inf-filter", "--repeats", "1", "--warmup", "1",
+                        "--steps", "3", "--batch", "2", "--seq", "16", "--out", str(out), "--workdir", str(tmp_path / "w")],
+                       capture_output=True, text=True, timeout=900, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "host-overhead.json").read_text())
+    rows = {row["variant"]: row for row in res["rows"]}
+    assert list(rows) == ["bare", "defaults", "before-issue-26", "nan-inf-filter"]
+    for row in rows.values():
+        assert row["step_ms"] > 0 and row["cpu_ms"] > 0 and len(row["step_ms_each"]) == 1
+    assert rows["bare"]["overhead_ms"] == 0 and rows["bare"]["collate_ms_per_step"] == 0
+    assert rows["defaults"]["collate_ms_per_step"] > 0  # the Trainer's collator ran, and was timed
+    assert rows["nan-inf-filter"]["reads_per_step"] == pytest.approx(rows["defaults"]["reads_per_step"] + 2, abs=0.01)
+    assert rows["before-issue-26"]["reads_per_step"] > rows["defaults"]["reads_per_step"]
+    assert "| bare |" in (out / "host-overhead.md").read_text() and '"bare_cpu_ms"' in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "toolbox_train.bench", "host-overhead", "--variants", "nope",
+                          "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300, env=_env())
+    assert bad.returncode == 2 and "unknown variant 'nope'" in bad.stderr and "Traceback" not in bad.stderr

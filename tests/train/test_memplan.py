@@ -202,7 +202,8 @@ def test_finetune_plan_refusal_and_resolved_checkpointing(tmp_path):
     import yaml
 
     cfg, run = _tiny_run(tmp_path)
-    shown = run("--config", str(cfg), "--plan", "--device-memory", "16GiB")
+    # (planned for a GPU machine: backend auto would be Unsloth there, as the toolbox images have it)
+    shown = run("--config", str(cfg), "--plan", "--device-memory", "16GiB", "--set", "backend=hf")
     assert shown.returncode == 0, shown.stderr
     assert "| setting |" in shown.stdout and "<-" in shown.stdout and "gradient checkpointing False" in shown.stdout
     assert not (tmp_path / "out").exists()  # --plan writes nothing
@@ -228,3 +229,58 @@ def test_launch_plan_prints_per_device_and_starts_nothing(tmp_path):
               "--device-memory", "8GiB", mod="toolbox_train.distributed.launch")
     assert out.returncode == 0, out.stderr
     assert "ddp x2" in out.stdout and not (tmp_path / "out").exists()
+
+
+def _shape_only(tmp_path, shape: str, **cfg_over):
+    """A model folder holding only the config.json of a bench shape (the planner needs no weights)."""
+    import yaml
+    from transformers import AutoConfig
+
+    kw = dict(bench.SHAPES[shape])
+    AutoConfig.for_model(kw.pop("model_type"), **kw).save_pretrained(tmp_path / shape)
+    (tmp_path / "d.jsonl").write_text('{"text": "w4 w5"}\n')
+    cfg = {"model": {"path": str(tmp_path / shape)}, "data": {"path": str(tmp_path / "d.jsonl"), "max_seq_length": 2048},
+           "method": "full", "backend": "hf", "train": {"per_device_batch_size": 8},
+           "output": {"dir": str(tmp_path / "out")}}
+    for k, v in cfg_over.items():
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
+    return tmp_path / "train.yaml"
+
+
+def test_plan_for_the_target_machine_not_this_one(tmp_path):
+    """issue 26: on this CPU host, `--plan --target/--device-memory` plans the GPU run as it will run there:
+    Liger and TRL's fused head (not fp32 logits), bf16, Unsloth accepted although not installed here."""
+    import subprocess
+    import sys
+
+    cfg = _shape_only(tmp_path, "llama-1b")
+
+    def plan(*args):
+        r = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg), "--plan",
+                            *args], capture_output=True, text=True, timeout=300)
+        assert "Traceback" not in r.stderr
+        return r
+
+    here = plan()  # this machine: a CPU, no device memory known
+    assert here.returncode == 0 and "full hf no ckpt b8 s2048 | 4.6" in here.stdout  # fp32, the full logits
+    h200 = plan("--target", "h200")
+    assert h200.returncode == 0, h200.stderr
+    assert "planned for h200 (139 GiB): backend hf, liger True, precision bf16" in h200.stdout
+    picked = [ln for ln in h200.stdout.splitlines() if ln.endswith("| <- |")]
+    assert len(picked) == 1 and "full liger no ckpt b8 s2048" in picked[0]
+    assert 25 < float(picked[0].split("|")[5]) < 31  # measured on the H200: 27.5 GiB (docs/benchmarks.md)
+    assert plan("--device-memory", "139GiB").stdout.count("liger no ckpt b8") == 1  # the same, unnamed
+    strix = plan("--target", "strix-halo", "--set", "backend=unsloth", "--set", "method=lora")
+    assert strix.returncode == 0, strix.stderr  # refused here before: unsloth is not installed on this host
+    assert "strix-halo (128 GiB, unified memory): backend unsloth" in strix.stdout and "unsloth offloaded ckpt" in strix.stdout
+    # the speed pick: the largest batch without checkpointing within the margin, at most 32k tokens a micro-batch
+    auto = plan("--target", "h200", "--set", "train.per_device_batch_size=auto")
+    assert "train.per_device_batch_size: auto -> 16 (" in auto.stdout and "| full liger no ckpt b16 s2048 |" in auto.stdout
+    small = plan("--device-memory", "12GiB", "--set", "train.per_device_batch_size=auto")
+    assert "auto -> 2 (" in small.stdout and "with checkpointing True" in small.stdout
+    split = plan("--target", "h200", "--set", "train.per_device_batch_size=auto", "--set", "train.batch_size=24")
+    assert "auto -> 8 (" in split.stdout  # a divisor of the global batch
+    bad = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg),
+                          "--target", "h200"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--target: only with --plan" in bad.stderr and not (tmp_path / "out").exists()

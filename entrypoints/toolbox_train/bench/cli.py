@@ -24,6 +24,7 @@ from typing import Sequence
 from ..cli import command_parser, run_command
 from .orchestrate import run_matrix
 from .report import merge, render_table, write_report
+from .host import VARIANTS
 from .rows import worker
 from .shapes import BenchError, SHAPES
 from .suites import SUITES, build_matrix, select_rows
@@ -47,6 +48,17 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     r.add_argument("--row-timeout", type=float, default=600)
     r.add_argument("--workdir", type=Path, help="where models and data are built (default: a temp dir)")
     r.add_argument("--no-chart", action="store_true", help="write results.json and results.md only")
+    h = sub.add_parser("host-overhead", help="CPU: finetune's per-step host work against a bare loop, per option")
+    h.add_argument("--shape", default="qwen3-0.6b", help="its layer count, at a toy width")
+    h.add_argument("--method", default="lora", choices=["lora", "full"])
+    h.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    h.add_argument("--batch", type=int, default=8)
+    h.add_argument("--seq", type=int, default=64)
+    h.add_argument("--warmup", type=int, default=3)
+    h.add_argument("--steps", type=int, default=10)
+    h.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the report takes medians")
+    h.add_argument("--out", type=Path, default=Path("bench-host"))
+    h.add_argument("--workdir", type=Path)
     ls = sub.add_parser("list", help="print the row ids of a suite")
     ls.add_argument("--shapes", default="llama-1b")
     ls.add_argument("--suite", default="default", choices=list(SUITES))
@@ -66,6 +78,10 @@ def dispatch(args: argparse.Namespace) -> int:
         for row in select_rows(build_matrix(_shapes(args.shapes), args.suite), args.rows):
             print(row.id)
         return 0
+    if args.bench_cmd == "host-overhead":
+        from .host import main_host
+
+        return main_host(args)
     if args.bench_cmd == "render":
         write_report(merge(args.results), args.out)
         print(f"bench: wrote {args.out / 'results.md'} and {args.out / 'chart.png'}")

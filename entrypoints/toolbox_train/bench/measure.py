@@ -93,7 +93,7 @@ def load_hf(spec: dict, model_dir: str):
     from transformers import AutoModelForCausalLM
 
     method, opts, device = spec["method"], spec["options"], spec_device(spec)
-    kw: dict[str, Any] = dict(dtype=torch.bfloat16, attn_implementation="sdpa")
+    kw: dict[str, Any] = dict(dtype=getattr(torch, spec.get("dtype", "bfloat16")), attn_implementation="sdpa")
     if method == "qlora":
         from transformers import BitsAndBytesConfig
 

@@ -138,6 +138,11 @@ def finetune_config(spec: dict, model_dir: str, data_path: str, output_dir: str)
         "train": train,
         "output": {"dir": output_dir, "save_steps": 0, "logging_steps": 1, "progress_bar": False},
     }
+    for opt in ("step_metrics", "nan_inf_filter"):  # issue 26's per-step host work, turned back on
+        if opt in opts:
+            cfg["output"][opt] = opts[opt]
+    if "loader_workers" in opts:
+        cfg["data"]["loader_workers"] = opts["loader_workers"]
     if spec["method"] != "full":
         cfg["lora"] = {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": LORA_TARGETS}
     return cfg

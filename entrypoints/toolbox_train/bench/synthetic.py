@@ -28,12 +28,12 @@ def build_tokenizer(dest: Path, vocab_size: int):
     return tok
 
 
-def build_model_dir(shape: str, dest: Path, device: str = "cpu") -> Path:
-    """Random-init model of `shape` in bf16 + tokenizer, saved as a local HF model folder."""
+def build_model_dir(shape: str | dict, dest: Path, device: str = "cpu") -> Path:
+    """Random-init model of `shape` (a name, or a config dict) in bf16 + tokenizer, saved as a local HF model folder."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kw = dict(SHAPES[shape])
+    kw = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     mt = kw.pop("model_type")
     cfg = AutoConfig.for_model(mt, bos_token_id=1, eos_token_id=2, pad_token_id=3, **kw)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent))

@@ -130,8 +130,9 @@ def trl_problem(cfg: TrainConfig) -> None:
                         "cuda stack, or objective sft")
 
 
-def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool) -> str:
-    have_unsloth = importlib.util.find_spec("unsloth") is not None
+def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, target=None) -> str:
+    # Planning for another machine (`target`): the toolbox image there has Unsloth, whatever is installed here.
+    have_unsloth = target is not None or importlib.util.find_spec("unsloth") is not None
     if cfg.backend == "unsloth":
         if fsdp:
             raise UserError("backend: unsloth does not support FSDP; use `--strategy ddp` or backend: hf")
@@ -202,6 +203,8 @@ def batch_plan(cfg: TrainConfig, world: int) -> int:
     t = cfg.train
     if t.batch_size is None:
         return t.gradient_accumulation_steps
+    if t.per_device_batch_size == "auto":
+        return 1  # the memory plan picks the batch, then this is asked again
     per_step = world * t.per_device_batch_size
     if t.batch_size % per_step:
         raise UserError(f"train.batch_size: {t.batch_size} is not divisible by world size {world} x "
@@ -212,7 +215,8 @@ def batch_plan(cfg: TrainConfig, world: int) -> int:
 def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite: bool = False,
          world_size: int | None = None, check_output: bool = True, fsdp: bool | None = None,
          gpu: bool | None = None, import_backend: bool = True, sync_mode: str | None = None,
-         device_memory: str | None = None, probe_device: bool = True, refuse: bool = True) -> Plan:
+         device_memory: str | None = None, probe_device: bool = True, refuse: bool = True,
+         target=None) -> Plan:
     """All the cheap checks, in order; raises UserError on the first bad input, prefixed with
     where in the config the field it names is written.
 
@@ -220,11 +224,13 @@ def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite:
     `device_memory` ('128GiB'): plan for that much device memory instead of this rank's free GPU
     memory (`probe_device` False: none, as in launch's parent process, which must not touch the GPU).
     `refuse`: a plan that cannot fit is bad input (finetune --plan shows it instead).
+    `target` (decisions.Target): plan for that GPU machine, not this one (finetune --plan with
+    --device-memory or --target): backend, Liger, precision and the memory as they will be there.
     """
     cfg, base, where = load_located(config, overrides)
     try:
         p = _checks(cfg, base, resume, overwrite, world_size, check_output, fsdp, gpu, import_backend, sync_mode,
-                    device_memory, probe_device, refuse)
+                    device_memory, probe_device, refuse, target)
     except UserError as exc:
         raise UserError(where(str(exc))) from None
     p.locate = where
@@ -234,7 +240,7 @@ def plan(config, overrides: Sequence[str] = (), resume: bool = False, overwrite:
 def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_size: int | None,
             check_output: bool, fsdp: bool | None, gpu: bool | None, import_backend: bool,
             sync_mode: str | None, device_memory: str | None = None, probe_device: bool = True,
-            refuse: bool = True) -> Plan:
+            refuse: bool = True, target=None) -> Plan:
     sync_mode = sync_from_env() if sync_mode is None else sync_mode
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other")
@@ -249,10 +255,10 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
     if cfg.objective != "sft":
         trl_problem(cfg)
     fsdp = using_fsdp() if fsdp is None else fsdp
-    gpu = gpu_available() if gpu is None else gpu
-    backend = pick_backend(cfg, gpu, fsdp)
+    gpu = True if target is not None else gpu_available() if gpu is None else gpu
+    backend = pick_backend(cfg, gpu, fsdp, target)
     if cfg.method in ("qlora", "lora-8bit"):
-        if not gpu or importlib.util.find_spec("bitsandbytes") is None:
+        if target is None and (not gpu or importlib.util.find_spec("bitsandbytes") is None):
             raise UserError(f"method: {cfg.method} needs bitsandbytes and a GPU for quantized weights "
                             f"(GPU: {gpu}); use lora or full here")
         if fsdp and cfg.method == "lora-8bit":
@@ -280,7 +286,9 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
     if max_pos and cfg.data.max_seq_length > max_pos:
         raise UserError(f"data.max_seq_length: {cfg.data.max_seq_length} is above the model's maximum "
                         f"({max_pos}, max_position_embeddings in {model_path})")
-    if cfg.train.precision == "auto":
+    if cfg.train.precision == "auto" and target is not None:
+        precision = "bf16"  # the GPUs the toolbox targets (gfx1151, Hopper) all have it
+    elif cfg.train.precision == "auto":
         import torch
 
         precision = "bf16" if gpu and torch.cuda.is_bf16_supported() else "fp32"
@@ -292,21 +300,30 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
     if liger == "auto":
         # The benchmark: Liger cut peak memory 2.3x and raised tokens/s on the HF path (GPU only).
         # The preference trainers score tokens with TRL's own fused head, which replaces Liger's.
-        liger = (backend == "hf" and gpu and cfg.objective == "sft"
-                 and importlib.util.find_spec("liger_kernel") is not None)
+        have = target.liger if target is not None else importlib.util.find_spec("liger_kernel") is not None
+        liger = backend == "hf" and gpu and cfg.objective == "sft" and have
     elif liger and cfg.objective != "sft":
         raise UserError(f"train.liger: only with objective sft (objective {cfg.objective} scores tokens with "
                         "TRL's fused LM head)")
     elif liger:
         if backend != "hf":
             raise UserError("train.liger: only on backend hf (Unsloth has its own kernels)")
-        if not gpu or importlib.util.find_spec("liger_kernel") is None:
+        if target is None and (not gpu or importlib.util.find_spec("liger_kernel") is None):
             raise UserError("train.liger: true needs the liger-kernel package and a GPU")
     if cfg.output.tensorboard and not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
         raise UserError("output.tensorboard: true needs the tensorboard package (pip install tensorboard)")
     p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
              precision, bool(liger), sync=sync_mode)
-    memory_plan(p, fsdp, device_memory, probe_device and gpu, refuse)
+    if target is not None:
+        device_memory = device_memory or f"{target.memory_gib}GiB"
+        p.notes.append(f"planned for {target.describe()}: backend {backend}, liger {bool(liger)}, precision "
+                       f"{precision} (what is installed here does not matter)")
+    memory_plan(p, fsdp, device_memory, probe_device and gpu and target is None, refuse,
+                unified=bool(target and target.unified))
+    if cfg.train.per_device_batch_size == "auto":  # the plan could not pick one (no shape): the safe choice
+        cfg.train.per_device_batch_size = 1
+        p.notes.append("train.per_device_batch_size: auto -> 1 (no memory plan for this model)")
+    p.grad_accum = batch_plan(cfg, world)
     if resume:
         p.resume_from = checkpoints.newest_complete(out / "checkpoints")
         if p.resume_from is None:
@@ -318,7 +335,8 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
     return p
 
 
-def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, refuse: bool) -> None:
+def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, refuse: bool,
+                unified: bool = False) -> None:
     """The memory planner's view (config.json only, no weights): resolves checkpointing `auto` and
     refuses a run that cannot fit before any weight is loaded (docs/benchmarks.md, Memory planner)."""
     from . import decisions
@@ -329,7 +347,7 @@ def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, ref
     except ValueError as exc:
         raise UserError(f"--device-memory: {exc}") from None
     try:
-        unified = probe and decisions.unified_memory(Dist.from_env().local_rank)
+        unified = unified or probe and decisions.unified_memory(Dist.from_env().local_rank)
         tp = decisions.plan_training(p.cfg, p.model_config, p.backend, p.liger, p.world_size, fsdp,
                                    p.precision, dev, gpu=p.gpu, unified=unified)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
@@ -339,6 +357,9 @@ def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, ref
                        f"{p.gradient_checkpointing}")
         return
     p.memory, p.gradient_checkpointing = tp, tp.decision.gradient_checkpointing
+    if p.cfg.train.per_device_batch_size == "auto":
+        p.cfg.train.per_device_batch_size = tp.setting.batch
+        p.notes.append(f"train.per_device_batch_size: auto -> {tp.setting.batch} ({tp.batch_reason})")
     why = decisions.refusal(tp)
     if why and refuse:
         raise UserError(f"memory: {why} (finetune --plan shows the candidates; --device-memory plans for "

@@ -51,6 +51,41 @@ def decide_checkpointing(s: Shape, st: Setting, device_bytes: float | None) -> D
                           f"{device_bytes / GiB:.0f} GiB: on ({on.peak_gib:.1f} GiB)", ests, fits)
 
 
+# `per_device_batch_size: auto`. tokens/s stops growing past ~16k-32k tokens a micro-batch: bare HF + Liger,
+# llama-1b on an H200, batch 8 x 2048: 65,508; 16: 70,417; 32: ~70,400 (docs/benchmarks.md); the larger
+# batch only costs memory. Checkpointing recomputes the forward: finetune hf full 50,298 with it vs 61,463
+# without at the same batch (0.82x), so a batch with it counts 0.8 of one without.
+AUTO_MAX_TOKENS = 32768
+CKPT_SPEED = 0.8
+
+
+def decide_batch(s: Shape, st: Setting, device_bytes: float | None, divides: int | None = None) -> tuple[int, bool | str, str]:
+    """The fastest (batch, checkpointing) that fits SAFETY of the device: powers of two up to
+    AUTO_MAX_TOKENS a micro-batch (dividing `divides`, the global batch per device, when set)."""
+    if device_bytes is None:
+        return 1, st.gradient_checkpointing if st.gradient_checkpointing != "auto" else True, \
+            "no device memory known: 1"
+    sizes = [b for b in (2 ** i for i in range(12)) if b == 1 or b * st.seq <= AUTO_MAX_TOKENS]
+    if divides:
+        sizes = [b for b in sizes if divides % b == 0]
+    gc = st.gradient_checkpointing
+    gcs = [gc] if gc != "auto" else ["unsloth"] if st.backend == "unsloth" else [False, True]
+    best = None
+    for g in gcs:
+        fit = [b for b in sizes if estimate(s, dataclasses.replace(st, batch=b, gradient_checkpointing=g)).peak
+               <= SAFETY * device_bytes]
+        if fit:
+            score = min(fit[-1] * st.seq, AUTO_MAX_TOKENS) * (CKPT_SPEED if len(gcs) > 1 and g is True else 1)
+            if best is None or score > best[0]:
+                best = (score, fit[-1], g)
+    if best is None:
+        return 1, gcs[-1], f"nothing fits {SAFETY:.0%} of {device_bytes / GiB:.0f} GiB, even at 1"
+    _, b, g = best
+    return b, g, (f"the largest that fits {SAFETY:.0%} of {device_bytes / GiB:.0f} GiB "
+                  f"{'without checkpointing' if g is False else 'with checkpointing ' + str(g)}, "
+                  f"at most {AUTO_MAX_TOKENS:,} tokens a micro-batch")
+
+
 def alternatives(s: Shape, st: Setting, device_bytes: float) -> list[Estimate]:
     """What would fit instead, cheapest change first: checkpointing, smaller batch, QLoRA, shorter sequence."""
     out = []
@@ -107,6 +142,38 @@ def render_table(s: Shape, ests: list[Estimate], device_bytes: float | None, pic
 # ---------------------------------------------------------------------------------- finetune
 
 
+@dataclass(frozen=True)
+class Target:
+    """The GPU machine a run will use, when planned from another (`finetune --plan --target/--device-memory`)."""
+
+    name: str
+    memory_gib: float
+    unified: bool = False  # host memory is device memory (Unsloth's offloaded activations count)
+    liger: bool = True  # liger-kernel installed there (`liger: auto` turns it on for backend hf)
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.memory_gib:g} GiB{', unified memory' if self.unified else ''})"
+
+
+# Named targets. The gfx1151 image has no liger-kernel (toolbox/stacks/gfx1151.yaml), so `liger: auto`
+# is off there; the H200 figures in docs/benchmarks.md ran with it.
+TARGETS = {
+    "strix-halo": Target("strix-halo", 128, unified=True, liger=False),
+    "h200": Target("h200", 139),
+}
+
+
+def target_for(name: str | None, device_memory: str | None) -> Target | None:
+    """`--target NAME` and/or `--device-memory SIZE` (which overrides the named target's memory)."""
+    if name is None and device_memory is None:
+        return None
+    base = TARGETS[name] if name else Target("a GPU machine", 0)
+    if device_memory:
+        base = dataclasses.replace(base, memory_gib=round(parse_size(device_memory) / GiB, 2))
+    return base
+
+
+
 @dataclass
 class TrainPlan:
     shape: Shape
@@ -114,6 +181,7 @@ class TrainPlan:
     decision: Decision
     device_bytes: float | None
     table: str
+    batch_reason: str = ""  # per_device_batch_size: auto
 
     def estimate(self) -> Estimate:
         return estimate(self.shape, self.setting)
@@ -169,6 +237,11 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
                  head="chunked" if gpu else "full", unified_memory=unified)  # TRL's fused head is a GPU kernel; on CPU the model's loss
+    batch_reason = ""
+    if t.per_device_batch_size == "auto":
+        per_dev = t.batch_size // world_size if t.batch_size else None
+        b, _, batch_reason = decide_batch(shape, dataclasses.replace(st, batch=1), device_bytes, per_dev)
+        st = dataclasses.replace(st, batch=b)
     dec = decide_checkpointing(shape, st, device_bytes)
     if t.gradient_checkpointing != "auto":
         chosen = t.gradient_checkpointing
@@ -179,7 +252,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     rows = dec.estimates + ([estimate(shape, final)] if final not in [e.setting for e in dec.estimates] else [])
     if device_bytes and estimate(shape, final).peak > device_bytes:  # what would fit instead
         rows += [a for a in alternatives(shape, final, device_bytes) if a.setting not in [r.setting for r in rows]]
-    return TrainPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final))
+    return TrainPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final), batch_reason)
 
 
 def refusal(p: TrainPlan) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Annotated, Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -48,6 +48,9 @@ class DataCfg(_Strict):
     max_seq_length: int = Field(1024, gt=0)
     packing: bool = False
     shuffle: bool = True
+    loader_workers: int | Literal["auto"] = Field(
+        "auto", ge=0, description="data loader processes that read and collate the next batches while the "
+        "device trains; auto: 1 with a GPU, 0 (in the training process) on a CPU")
 
     _paths = field_validator("path", "eval_path")(_openable)
 
@@ -62,7 +65,9 @@ class LoraCfg(_Strict):
 class TrainCfg(_Strict):
     epochs: float = Field(1.0, gt=0)
     max_steps: int = Field(-1, description="-1: run `epochs` epochs")
-    per_device_batch_size: int = Field(1, gt=0)
+    per_device_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        1, description="auto: the memory planner picks the fastest batch that fits the device (with "
+        "train.gradient_checkpointing: auto, checkpointing too)")
     batch_size: int | None = Field(
         None, gt=0, description="global batch (all ranks); sets gradient_accumulation_steps"
     )
@@ -72,7 +77,8 @@ class TrainCfg(_Strict):
     warmup_steps: int = Field(0, ge=0)
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
-    optimizer: str = "adamw_torch"
+    optimizer: str = Field("adamw_torch_fused", description="a transformers optim name; the fused AdamW "
+                           "(transformers' own default) steps every tensor in one kernel launch")
     max_grad_norm: float = Field(1.0, ge=0.0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     seed: int = 42
@@ -102,6 +108,11 @@ class OutputCfg(_Strict):
     keep_checkpoints: int = Field(2, gt=0, description="keep the newest K checkpoints")
     save: Literal["adapter", "merged", "both"] = "adapter"
     logging_steps: int = Field(1, gt=0)
+    step_metrics: Literal["deferred", "synced"] = Field(
+        "deferred", description="token count, entropy, token accuracy: summed on the device and read at each "
+        "log step (deferred), or read back every step as TRL and transformers do (synced: a host sync each)")
+    nan_inf_filter: bool = Field(False, description="transformers' per-step NaN/Inf loss filter (a host sync "
+                                 "every step); off, a NaN/inf loss stops the run at the next log step")
     eval_steps: int | None = Field(None, gt=0)
     tensorboard: bool = False
     progress_bar: bool = True

@@ -27,9 +27,12 @@ from ..checks import preflight
 from ..cli import Terminated, UserError, command_parser, run_command
 from ..files import atomic_write
 from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
+from ..planning.decisions import TARGETS
+from ..planning.arithmetic import GiB
 from . import checkpoints, report
 from .objectives import trainers
 from .objectives.config import DATA_FORMAT, reference
+from .runs import METRICS, SUMMARY
 
 OBJECTIVE_SECTIONS = set(DATA_FORMAT)
 
@@ -64,10 +67,10 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
     p.out.mkdir(parents=True, exist_ok=True)
     if p.resume_from is not None:
         step = json.loads((p.resume_from / "trainer_state.json").read_text())["global_step"]
-        _trim_metrics(p.out / "metrics.jsonl", step)
+        _trim_metrics(p.out / METRICS, step)
         log(f"resuming from {p.resume_from}")
     elif resume:
-        _trim_metrics(p.out / "metrics.jsonl", 0)  # starting over: the lines of the lost steps go
+        _trim_metrics(p.out / METRICS, 0)  # starting over: the lines of the lost steps go
     resolved = p.cfg.model_dump(mode="json")
     resolved["model"]["path"] = p.model_path
     for other in OBJECTIVE_SECTIONS - {p.cfg.objective}:  # the objective's own section is the one used
@@ -82,13 +85,15 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
         resolved["_resolved"].update(
             gradient_checkpointing_reason=p.memory.decision.reason,
             predicted_peak_gib=round(est.peak_gib, 2),
-            device_memory_gib=round(p.memory.device_bytes / 2**30, 2) if p.memory.device_bytes else None)
+            device_memory_gib=round(p.memory.device_bytes / GiB, 2) if p.memory.device_bytes else None)
     atomic_write(p.out / RESOLVED_CONFIG, yaml.safe_dump(resolved, sort_keys=False))
 
 
 def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool = False,
-        overwrite: bool = False, device_memory: str | None = None) -> dict:
-    """Fine-tune per `config`; returns the summary (output_dir, steps, tokens_per_s, first/last loss, peak_mem_gib)."""
+        overwrite: bool = False, device_memory: str | None = None, callbacks: Sequence = ()) -> dict:
+    """Fine-tune per `config`; returns the summary (output_dir, steps, tokens_per_s, first/last loss, peak_mem_gib).
+
+    `callbacks`: more TrainerCallbacks (bench's step clocks)."""
     dist = Dist.from_env()
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
         # torchrun restarted the ranks (launch --max-restarts): continue, never start over.
@@ -126,7 +131,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         tok.pad_token = tok.eos_token
 
     summary: dict[str, Any] = {"output_dir": str(p.out)}
-    callbacks = [Metrics(p.out / "metrics.jsonl", summary)]
+    callbacks = [Metrics(p.out / METRICS, summary), *callbacks]
     if p.cfg.objective == "sft":
         args = sft_args(p, dist)
         trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
@@ -162,7 +167,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     if exports and trainer.is_world_process_zero():
         summary["exports"] = [{k: e[k] for k in ("to", "out", "files", "notes")}
                               for e in report.run_exports(p.out, exports)]
-        atomic_write(p.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write(p.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -179,8 +184,8 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
     summary["peak_mem_gib"] = round(peak_mem_gib(), 4)
     summary.setdefault("steps", trainer.state.global_step)
     if trainer.is_world_process_zero():
-        rows = [json.loads(ln) for ln in (p.out / "metrics.jsonl").read_text().splitlines() if ln.strip()] \
-            if (p.out / "metrics.jsonl").exists() else []
+        rows = [json.loads(ln) for ln in (p.out / METRICS).read_text().splitlines() if ln.strip()] \
+            if (p.out / METRICS).exists() else []
         if rows:  # the whole run's, a resumed one included
             summary["first_loss"], summary["last_loss"] = rows[0]["loss"], rows[-1]["loss"]
             if p.cfg.objective != "sft":  # e.g. DPO's rewards/accuracies, GRPO's mean reward
@@ -193,19 +198,27 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
         summary["eval_loss"] = evals[-1]["eval_loss"] if evals else None
         summary["model_location"] = report.model_location(p.out, p.cfg.method, p.cfg.output.save)
         summary["loss_png"] = report.loss_plot(p.out, rows, evals)
-        atomic_write(p.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write(p.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def show_plan(config, overrides: Sequence[str], device_memory: str | None, world_size: int | None = None,
-              fsdp: bool | None = None) -> int:
-    """`--plan`: the memory plan on stdout; nothing loaded, nothing written. Exit 0, or 2 if nothing fits."""
-    from ..planning.decisions import refusal
+              fsdp: bool | None = None, target: str | None = None) -> int:
+    """`--plan`: the memory plan on stdout; nothing loaded, nothing written. Exit 0, or 2 if nothing fits.
 
+    With --device-memory or --target the plan is for that GPU machine (backend, Liger and precision
+    as they will run there, whatever is installed here), not for the one it is typed on."""
+    from ..planning.decisions import refusal, target_for
+
+    try:
+        tgt = target_for(target, device_memory)
+    except ValueError as exc:
+        raise UserError(f"--device-memory: {exc}") from None
     p = plan(config, overrides, check_output=False, import_backend=False, device_memory=device_memory,
-             refuse=False, world_size=world_size, fsdp=fsdp)
-    if p.memory is None:
+             refuse=False, world_size=world_size, fsdp=fsdp, target=tgt)
+    if p.notes:
         print("\n".join(p.notes))
+    if p.memory is None:
         return 0
     print(p.memory.table)
     print(p.memory.banner())
@@ -227,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "peak per device, which fit, which would be picked) from config.json alone, and exit")
     ap.add_argument("--device-memory", metavar="SIZE", help="plan for this much device memory (e.g. 128GiB "
                     "for a Strix Halo) instead of this GPU's free memory")
+    ap.add_argument("--target", choices=sorted(TARGETS), help="with --plan: plan for this machine (its memory; "
+                    "backend, Liger and precision as they will run there), not the one this runs on")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout "
                     "(default: a short human summary; the same JSON is in OUTPUT/summary.json)")
     return ap
@@ -239,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.plan:
-        return show_plan(args.config, args.set, args.device_memory)
+        return show_plan(args.config, args.set, args.device_memory, target=args.target)
+    if args.target:
+        raise UserError("--target: only with --plan (a run plans for the machine it runs on)")
     summary = run(args.config, args.set, resume=args.resume, overwrite=args.overwrite,
                   device_memory=args.device_memory)
     shutdown_distributed()

@@ -23,6 +23,7 @@ def common_args(p: Plan, dist: Dist) -> dict:
     # Unsloth sets up its own (offloaded) checkpointing; under FSDP the accelerate config's
     # fsdp_activation_checkpointing does it (transformers refuses both at once).
     hf_gc = bool(gc) and p.backend == "hf" and not using_fsdp()
+    workers = c.data.loader_workers if c.data.loader_workers != "auto" else (1 if p.gpu else 0)
     has_eval = bool(c.data.eval_path or c.data.eval_split > 0)
     if o.tensorboard:
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(p.out / "tensorboard"))
@@ -46,6 +47,9 @@ def common_args(p: Plan, dist: Dist) -> dict:
         use_cpu=not p.gpu,
         logging_steps=o.logging_steps,
         logging_first_step=True,
+        # transformers' NaN/Inf check of every step's loss reads it to the host each step; the trainer's
+        # own check (trainer.check_finite) runs at log steps
+        logging_nan_inf_filter=o.nan_inf_filter,
         save_strategy="steps" if o.save_steps else "no",
         save_steps=o.save_steps or 500,
         save_total_limit=None,  # rotation is ours, after the rename
@@ -57,7 +61,10 @@ def common_args(p: Plan, dist: Dist) -> dict:
         gradient_checkpointing_kwargs={"use_reentrant": False} if hf_gc else None,
         ddp_find_unused_parameters=False,
         include_num_input_tokens_seen="non_padding",
-        dataloader_num_workers=0,
+        # one worker collates the next batch while the device trains (docs/benchmarks.md, issue 26: ~9 ms a
+        # step of host time on qwen3-0.6b, batch 8 x 2048, that the GPU otherwise waits for)
+        dataloader_num_workers=workers,
+        dataloader_persistent_workers=workers > 0,
         save_only_model=False,
         save_on_each_node=dist.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", dist.world_size)),
         restore_callback_states_from_checkpoint=False,

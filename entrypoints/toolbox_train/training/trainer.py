@@ -18,8 +18,10 @@ from transformers import TrainerCallback
 from trl import SFTTrainer
 
 from . import checkpoints, resume
+from .step_metrics import DeferredStepMetrics
 from .. import files
 from ..cli import ToolError
+from ..planning.arithmetic import GiB
 from ..planning.checks import Plan, log
 from ..distributed.sync import local_sgd_steps
 
@@ -32,7 +34,7 @@ def peak_mem_gib() -> float:
     import torch
 
     if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**30
+        return torch.cuda.max_memory_allocated() / GiB
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
@@ -283,11 +285,13 @@ class Toolbox:
             self._local_sgd = None
 
 
-class Trainer(Toolbox, SFTTrainer):
-    """SFTTrainer with the Toolbox additions."""
+class Trainer(Toolbox, DeferredStepMetrics, SFTTrainer):
+    """SFTTrainer with the Toolbox additions and its per-step metrics read at log steps (step_metrics.py)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if fused_head_ok(inputs):
+            if self.deferrable_loss(model, inputs, return_outputs):
+                return self.fused_nll_deferred(model, inputs, num_items_in_batch)
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # TRL's fused LM-head loss is a Triton kernel (GPU only): on CPU use the model's own loss.
         from transformers import Trainer as HFTrainer
