@@ -94,6 +94,7 @@ def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
         return f
     shutil.rmtree(out, ignore_errors=True)  # our own cache, damaged: made again
     if argv is not None:
+        out.parent.mkdir(exist_ok=True)  # RUN/eval: export-model wants --out's folder to exist
         export_model.execute(export_model.check(export_model.build_parser().parse_args(argv)))
         return f
     # The base: convert (and quantize) straight from its folder, atomically like export.
