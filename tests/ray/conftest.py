@@ -95,10 +95,10 @@ class RayCluster:
             return subprocess.Popen(argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         return subprocess.run(argv, env=full, capture_output=True, text=True, timeout=timeout)
 
-    def kill_node(self, index: int) -> None:
-        """Every process of that host but its sshd: the raylet, its workers, `ray start`."""
+    def kill_node(self, index: int, spare: tuple[int, ...] = ()) -> None:
+        """Every process of that host but its sshd (and `spare`): the raylet, its workers, `ray start`."""
         node = self.hosts.nodes[index]
-        keep = set(nh.sshd_pids(node))
+        keep = set(nh.sshd_pids(node)) | set(spare)
         for pid in nh.sh("ip", "netns", "pids", node.netns, check=False).stdout.split():
             if int(pid) not in keep:
                 try:

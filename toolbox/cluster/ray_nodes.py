@@ -40,6 +40,9 @@ umask 077
 mkdir -p "$dir" || exit 1
 pidf=$dir/toolbox-ray.pid log=$dir/toolbox-ray.log
 if [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then echo "ray: already running (pid $(cat "$pidf"))"; exit 0; fi
+if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
+  echo "ray: the cluster token did not reach this shell (toolbx passes only its own set of variables into the container): use --via distrobox or none"; exit 1
+fi
 printf '%s' "$RAY_AUTH_TOKEN" > "$dir/auth_token" || exit 1
 unset RAY_AUTH_TOKEN
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$dir/auth_token" RAY_USAGE_STATS_ENABLED=0
