@@ -6,6 +6,7 @@ import contextlib
 import sys
 from typing import Any
 
+from ..planning.arithmetic import GiB
 from .shapes import BenchError
 
 
@@ -32,7 +33,7 @@ def device_info(device: str) -> dict:
         if not torch.cuda.is_available():
             raise BenchError("--device cuda: no CUDA/ROCm device is visible (use --device cpu)")
         p = torch.cuda.get_device_properties(0)
-        info.update(name=p.name, memory_gib=round(p.total_memory / 2**30, 1))
+        info.update(name=p.name, memory_gib=round(p.total_memory / GiB, 1))
     else:
         import platform
 

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..export.llamacpp import DEFAULT_DIR
+from ..planning.arithmetic import GiB
 
 # What the image bakes (dockerfiles/runtime/entrypoints.j2 copies the stack's pin set here).
 DEFAULT_LOCK = Path("/opt/toolbox/stack.lock.yaml")
@@ -141,7 +142,7 @@ def probe(lock: dict, expect_platform: str | None, targets: list[str], check_uns
         props = torch.cuda.get_device_properties(0)
         arch = getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}"
         arch_base = arch.split(":")[0]
-        detail = f"{torch.cuda.device_count()} device(s); 0: {props.name}, arch {arch}, {props.total_memory / 2**30:.1f} GiB"
+        detail = f"{torch.cuda.device_count()} device(s); 0: {props.name}, arch {arch}, {props.total_memory / GiB:.1f} GiB"
         if targets and arch_base not in targets:
             checks.append(Check("gpu", "fail", detail + f"; the image is built for {', '.join(targets)}",
                                 f"build a stack for {arch_base} (gpu_targets), or on gfx11 try HSA_OVERRIDE_GFX_VERSION"))

@@ -319,10 +319,11 @@ def _first(exc: BaseException) -> str:
 
 def _print_summary(out: Path, as_json: bool) -> int:
     from ..training import report
+    from ..training.runs import SUMMARY
 
     try:
-        summary = json.loads((out / "summary.json").read_text())
+        summary = json.loads((out / SUMMARY).read_text())
     except (OSError, ValueError) as exc:
-        raise ToolError(f"the run ended but left no readable {out / 'summary.json'}: {exc}") from None
+        raise ToolError(f"the run ended but left no readable {out / SUMMARY}: {exc}") from None
     print(json.dumps(summary) if as_json else report.human(summary))
     return 0

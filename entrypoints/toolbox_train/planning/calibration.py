@@ -210,7 +210,7 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
     timed = times[warmup:warmup + steps]
     res = {"shape": shape, "variant": variant, "backend": backend, "method": method, "batch": batch, "seq": seq,
            "step_times": [round(t, 4) for t in times], "tokens_per_s": sum(tokens / t for t in timed) / len(timed),
-           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None, "versions": versions()}
+           "peak_gib": torch.cuda.max_memory_allocated() / arithmetic.GiB if dev == "cuda" else None, "versions": versions()}
     if profile:
         import io
         import pstats

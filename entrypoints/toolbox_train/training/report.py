@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .runs import human_size
+from .runs import METRICS, SUMMARY, human_size
 
 
 def _fmt_logs(state, logs: dict) -> str:
@@ -98,7 +98,7 @@ def human(s: dict) -> str:
     if shown:
         lines.append(f"  {obj['name']:<12} " + ", ".join(shown))
     lines.append(f"  model        {s.get('model_location', s['output_dir'])}")
-    lines.append("  files        metrics.jsonl, summary.json" + (", loss.png" if s.get("loss_png") else
+    lines.append(f"  files        {METRICS}, {SUMMARY}" + (", loss.png" if s.get("loss_png") else
                                                                    " (no loss.png: matplotlib not installed)"))
     for e in s.get("exports", []):
         lines.append(f"  export       {e['out']} ({human_size(sum(f['bytes'] for f in e['files']))})")

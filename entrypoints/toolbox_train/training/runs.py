@@ -15,6 +15,8 @@ from .weights import model_folder_problem, safetensors_problem
 
 # What every finished (or resumable) output folder holds beside the weights: finetune writes it.
 RESOLVED_CONFIG = "config.resolved.yaml"
+METRICS = "metrics.jsonl"  # one JSON line per logged optimizer step (trainer.Metrics)
+SUMMARY = "summary.json"  # the end of the run (finetune.summarize): a finished run has one
 
 
 def human_size(n: float) -> str:
@@ -150,7 +152,7 @@ def _check_files(run: Path, kind: str, base: str | None) -> None:
     for folder in (run, Path(base)) if kind == "adapter" else (run,):
         for f in folder.iterdir():  # tokenizer.model, vocab.json...: a FIFO among them would block a loader
             _readable(f)
-    for name in ("summary.json", "tokenizer_config.json", "tokenizer.json", "generation_config.json",
+    for name in (SUMMARY, "tokenizer_config.json", "tokenizer.json", "generation_config.json",
                  "special_tokens_map.json"):
         if (run / name).exists():
             json_object(run / name)
@@ -198,7 +200,7 @@ def find_finished(run: Path) -> RunModel:
     if not run.is_dir():
         raise UserError(f"--run {run}: no such folder")
     resolved_f = run / RESOLVED_CONFIG
-    if not (run / "summary.json").is_file() or not resolved_f.is_file():
+    if not (run / SUMMARY).is_file() or not resolved_f.is_file():
         raise UserError(f"--run {run}: no finished model (no summary.json/config.resolved.yaml: the run did not "
                         "finish, or this is not a finetune output folder)")
     try:
