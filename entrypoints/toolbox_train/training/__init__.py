@@ -7,7 +7,9 @@
   lora         the PEFT LoRA config (which modules get adapters)
   sft_config   TrainConfig + Plan -> TRL's SFTConfig
   trainer      the SFTTrainer subclass (atomic checkpoints, LocalSGD, metrics)
+  step_metrics  its per-step metrics without a host sync per step
   checkpoints  which checkpoint a run resumes from
+  resume       whether a checkpoint belongs to this config (finetune --resume)
   runs         what a finished output folder holds (read by export and evaluate)
   report       the end of a run as a person reads it (step lines, summary, loss.png)
   finetune     the console script (thin: checks in planning.checks, the heavy imports on demand)
