@@ -191,3 +191,19 @@ def test_a_full_disk_leaves_no_temp_file(run, tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last == f"evaluate: error: --out {disk}/eval.json: cannot write the result: No space left on device"
     assert "Traceback" not in r.stderr
+
+
+def test_sigterm_during_an_export_leaves_the_old_one(run, tmp_path):
+    # The stand-in converter sends SIGTERM to export-model (as podman stop would) and waits to be killed.
+    tools = _tools(tmp_path / "tools", "import os, signal, time\nos.kill(os.getppid(), signal.SIGTERM)\n"
+                                       "time.sleep(120)\n")
+    out = tmp_path / "exports" / "gguf"
+    out.mkdir(parents=True)
+    (out / "model-f16.gguf").write_bytes(b"GGUF\x03\x00\x00\x00an earlier export")
+    before = _snapshot(tmp_path / "exports")
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.export.model", "--run", str(run), "--to", "gguf",
+                        "--out", str(out), "--overwrite", "--llama-cpp", str(tools)],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 143, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "export-model: terminated (SIGTERM)" and "Traceback" not in r.stderr
+    assert _snapshot(tmp_path / "exports") == before  # no partial folder, the old export as it was

@@ -48,8 +48,8 @@ class DataCfg(_Strict):
     max_seq_length: int = Field(1024, gt=0)
     packing: bool = False
     shuffle: bool = True
-    loader_workers: int | Literal["auto"] = Field(
-        "auto", ge=0, description="data loader processes that read and collate the next batches while the "
+    loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="data loader processes that read and collate the next batches while the "
         "device trains; auto: 1 with a GPU, 0 (in the training process) on a CPU")
 
     _paths = field_validator("path", "eval_path")(_openable)
