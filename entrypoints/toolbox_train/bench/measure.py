@@ -7,6 +7,7 @@ import math
 import time
 from typing import Any
 
+from ..planning.arithmetic import GiB
 from .shapes import LORA_TARGETS, SHAPES
 
 
@@ -78,7 +79,7 @@ def peak_gib(device: str) -> float | None:
     if device.startswith("cuda"):
         import torch
 
-        return torch.cuda.max_memory_allocated() / 2**30
+        return torch.cuda.max_memory_allocated() / GiB
     return None
 
 

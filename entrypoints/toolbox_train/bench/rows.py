@@ -150,9 +150,11 @@ def finetune_config(spec: dict, model_dir: str, data_path: str, output_dir: str)
 
 def steps_from_metrics(out_dir: Path) -> tuple[list[float], list[int], list[float], float | None]:
     """Per-step time and tokens from finetune's metrics.jsonl (`tokens` is the running total)."""
+    from ..training.runs import METRICS
+
     times, tokens, losses, peaks = [], [], [], []
     prev = 0
-    with open(out_dir / "metrics.jsonl") as f:
+    with open(out_dir / METRICS) as f:
         for line in f:
             if not line.strip():
                 continue
