@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 from ..guards import special_file
-from .weights import safetensors_problem, torch_file_problem
+from .weights import ADAPTER_WEIGHTS, WEIGHTS, WEIGHTS_INDEX, safetensors_problem, torch_file_problem
 
 PREFIX = "checkpoint-"
 PARTIAL = ".partial"
-WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json",
-                "pytorch_model_fsdp_0", "pytorch_model.bin")
+WEIGHT_FILES = (WEIGHTS, ADAPTER_WEIGHTS, WEIGHTS_INDEX, "pytorch_model_fsdp_0", "pytorch_model.bin")
 
 
 def _step(p: Path) -> int | None:

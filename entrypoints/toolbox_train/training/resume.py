@@ -16,6 +16,7 @@ import yaml
 from ..cli import UserError
 from ..files import write_json
 from .runs import RESOLVED_CONFIG
+from .weights import ADAPTER_WEIGHTS, WEIGHTS, WEIGHTS_INDEX
 
 IDENTITY = "toolbox_checkpoint.json"
 
@@ -50,9 +51,8 @@ def _weights_header(cp: Path) -> dict[str, list[int]] | None:
     """name -> shape of the checkpoint's weights (safetensors only; None for other formats)."""
     from safetensors import safe_open
 
-    names = ("adapter_model.safetensors", "model.safetensors")
-    shards = [cp / n for n in names if (cp / n).is_file()]
-    index = cp / "model.safetensors.index.json"
+    shards = [cp / n for n in (ADAPTER_WEIGHTS, WEIGHTS) if (cp / n).is_file()]
+    index = cp / WEIGHTS_INDEX
     if not shards and index.is_file():
         shards = [cp / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     if not shards:

@@ -11,7 +11,7 @@ import yaml
 
 from ..cli import UserError, first_line
 from ..guards import check_path, special_file
-from .weights import model_folder_problem, safetensors_problem
+from .weights import ADAPTER_WEIGHTS, WEIGHTS, WEIGHTS_INDEX, model_folder_problem, safetensors_problem
 
 # What every finished (or resumable) output folder holds beside the weights: finetune writes it.
 RESOLVED_CONFIG = "config.resolved.yaml"
@@ -28,14 +28,14 @@ def human_size(n: float) -> str:
 
 
 def _safetensors(folder: Path) -> list[Path]:
-    idx = folder / "model.safetensors.index.json"
+    idx = folder / WEIGHTS_INDEX
     if idx.is_file():
         try:
             names = sorted(set(json_object(idx)["weight_map"].values()))
         except (KeyError, TypeError, AttributeError):
             raise UserError(f"{idx}: corrupt index (no weight_map of file names)") from None
         return [folder / n for n in names]
-    return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else []
+    return [folder / WEIGHTS] if (folder / WEIGHTS).is_file() else []
 
 
 def _count(files: list[Path], skip=lambda k: False) -> int:
@@ -158,7 +158,7 @@ def _check_files(run: Path, kind: str, base: str | None) -> None:
             json_object(run / name)
     if kind == "adapter":
         json_object(run / "adapter_config.json")
-        why = safetensors_problem(_readable(run / "adapter_model.safetensors"))
+        why = safetensors_problem(_readable(run / ADAPTER_WEIGHTS))
         folder = Path(base)
     else:
         why, folder = None, run
@@ -213,7 +213,7 @@ def find_finished(run: Path) -> RunModel:
         raise UserError(f"{resolved_f}: unreadable ({first_line(exc, 120)})") from None
     resolved_config(run, resolved)
     resolved["_base"] = str(run)
-    if (run / "adapter_config.json").is_file() and (run / "adapter_model.safetensors").is_file():
+    if (run / "adapter_config.json").is_file() and (run / ADAPTER_WEIGHTS).is_file():
         kind = "adapter"
         if not (Path(base) / "config.json").is_file():
             raise UserError(f"{resolved_f}: model.path: {base}: the base model is not a local folder here "

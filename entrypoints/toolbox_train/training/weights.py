@@ -9,6 +9,12 @@ from pathlib import Path
 
 from ..cli import first_line
 
+# The file names transformers and PEFT save under (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME; PEFT's
+# SAFETENSORS_WEIGHTS_NAME), named here so that the checks import neither library.
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
 # safetensors' own limit on the JSON header (100 MB); a larger length is garbage.
 MAX_HEADER = 100_000_000
 
@@ -64,7 +70,7 @@ def torch_file_problem(path: Path) -> str | None:
 
 def model_folder_problem(folder: Path) -> str | None:
     """The first weight file of a model folder that is missing, truncated or corrupt."""
-    index = folder / "model.safetensors.index.json"
+    index = folder / WEIGHTS_INDEX
     files = sorted(folder.glob("*.safetensors"))
     if index.is_file():
         try:
