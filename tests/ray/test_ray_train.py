@@ -115,3 +115,30 @@ def test_resume_across_engines(ray_cluster, torchrun_run, tiny_model, tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     assert "resuming from" in r.stderr and "checkpoint-6" in r.stderr
     _same(out, torchrun_run[1])
+
+
+def test_head_dying_ends_the_run_with_one_line_and_the_resume_command(ray_cluster, tiny_model, tmp_path):
+    """Last user of the session's cluster (it is started again at the end): the head's Ray is
+    killed mid-run, the driver beside it left alive."""
+    out = tmp_path / "out"
+    cfg = _cfg(tmp_path, tiny_model, out, "ray")
+    ready = tmp_path / "blocked"
+    trigger = ray_cluster.hook_dir / "block-after"
+    trigger.write_text(f"6 {ready}\n")
+    try:
+        proc = _ray(ray_cluster, cfg, "--max-restarts", "2", background=True)
+        deadline = time.monotonic() + 400
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready.exists(), "node 2's worker never reached checkpoint 6:\n" + proc.communicate()[1][-4000:]
+        ray_cluster.kill_node(0, spare=(proc.pid,))  # GCS, raylet, `ray start`: the head is gone
+        so, se = proc.communicate(timeout=600)
+    finally:
+        trigger.unlink(missing_ok=True)
+        ray_cluster.kill_node(1)  # its worker still waits at checkpoint 6
+        ray_cluster.toolbox("up")
+    ours = [ln for ln in se.splitlines() if ln.startswith("launch: error")]
+    assert proc.returncode == 1 and len(ours) == 1, se[-4000:]
+    assert f"the Ray head {ray_cluster.address} went away during the run" in ours[0], ours[0]
+    assert ours[0].endswith(f"-- finetune --config {cfg} --json --resume"), ours[0]
+    assert "Traceback" not in se
