@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,22 @@ if os.environ.get("TOOLBOX_NODE_RANK") == "1":
 '''
 
 
+def private_dir_on_node2(hosts: nh.TwoHosts, private: Path) -> None:
+    """Give node2 a folder of its own: its sshd (so all it starts, Ray included) runs in a mount
+    namespace with a tmpfs over `private`, as on a host whose local disk has that path."""
+    node = hosts.nodes[1]
+    private.mkdir(parents=True, exist_ok=True)
+    os.kill(node.sshd_pid, 9)
+    os.waitpid(node.sshd_pid, 0)
+    conf = hosts.root / f"sshd_{node.name}.conf"
+    proc = subprocess.Popen(nh.netns_argv(node, [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        f"mount -t tmpfs tmpfs {private} && exec /usr/sbin/sshd -D -e -f {conf}"]),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(hosts.root / "sshd_node2.log", "ab"))
+    node.sshd_pid = proc.pid
+    nh._wait_port(node, time.monotonic() + 15)
+
+
 @dataclass
 class RayCluster:
     hosts: nh.TwoHosts
@@ -70,6 +87,7 @@ class RayCluster:
     hook_dir: Path
     ray_dir: str
     state_dir: Path
+    private: Path  # a folder node2 has on its own (not shared)
 
     def toolbox(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """`toolbox cluster ray ACTION` from node1 over the harness's SSH."""
@@ -118,13 +136,15 @@ def ray_cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("ray")
     tag = str(os.getpid() % 100000)
     hosts = nh.start(root / "h", tag=f"r{tag}"[:6])
+    private = Path(f"/tmp/tbpriv{tag}")
+    private_dir_on_node2(hosts, private)
     hook = root / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HOOK)
     # Short: Ray's unix sockets live under it (108-byte limit on their paths).
     ray_dir = f"/tmp/tbray{tag}-{{node_rank}}"
     cluster = RayCluster(hosts, f"{hosts.nodes[0].addr}:{PORT}", Path(ray_dir.format(node_rank=0)) / "auth_token",
-                         hook, ray_dir, root / "state")
+                         hook, ray_dir, root / "state", private)
     try:
         r = cluster.toolbox("up")
         if r.returncode != 0:
@@ -135,3 +155,4 @@ def ray_cluster(tmp_path_factory):
         nh.stop(hosts)
         for i in (0, 1):
             subprocess.run(["rm", "-rf", ray_dir.format(node_rank=i)], check=False)
+        subprocess.run(["rm", "-rf", str(private)], check=False)

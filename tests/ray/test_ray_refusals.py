@@ -105,3 +105,14 @@ def test_cluster_without_token_authentication(ray_cluster, cfg, tmp_path):
             os.killpg(head.pid, 9)
             head.wait()
         subprocess.run(["rm", "-rf", f"/tmp/tbopen{os.getpid() % 100000}"], check=False)
+
+
+def test_output_folder_not_shared_with_every_node(ray_cluster, tiny_model, tmp_path):
+    """output.dir in a folder node2 has on its own disk: refused before anything is written there."""
+    data = write_dataset(tmp_path / "d.jsonl", "text", n=16)
+    out = ray_cluster.private / "out"
+    cfg = write_train_config(tmp_path / "train.yaml", tiny_model, data, out, **{"train.max_steps": 2})
+    r = _launch(ray_cluster, cfg, "--address", ray_cluster.address, "--nodes", "2", "--cpu",
+                env={"HF_DATASETS_DISABLE_PROGRESS_BARS": "1"})
+    _refused(r, f"output.dir {out}: not shared with node {ray_cluster.hosts.nodes[1].addr}", "NFS")
+    assert not list(ray_cluster.private.iterdir())  # the check's file is gone, no output folder made
