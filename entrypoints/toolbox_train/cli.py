@@ -47,9 +47,18 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
 DEBUG_HELP = "show the traceback of an error (or TOOLBOX_DEBUG=1)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors as one line naming the flag (exit 2 through the guard), not the
+    usage text and a line; subcommands' parsers are of this class too (add_subparsers makes them
+    of the parent's)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (`{self.prog} --help` shows the usage)")
+
+
 def command_parser(prog: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
     """The parser of a training command, `--debug` included: the command adds only its own options."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, **kw)
+    parser = _Parser(prog=prog, description=description, **kw)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     return parser
 

@@ -37,6 +37,15 @@ def test_help(name):
     assert r.stdout.startswith("usage:") and "--debug" in r.stdout and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("name", sorted(CLIS))
+def test_usage_error_is_one_line_naming_the_flag(name):
+    """argparse's own errors too: one line and exit 2, not the usage text and a line."""
+    r = _run(name, "--no-such-flag", "x")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"{name}: error: "), r.stderr
+    assert "usage:" not in r.stderr and "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("name,args,expect", [
     ("finetune", ["--config", "missing.yaml"], "missing.yaml: config file not found"),
     ("finetune", ["--config", "."], "config file not found"),
