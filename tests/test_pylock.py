@@ -158,3 +158,32 @@ def test_lock_resolves_the_same_file_twice(tmp_path):
         outs.append((tmp_path / "gfx1151.pylock.txt").read_text())
     assert outs[0] == outs[1] and "# first-use: torch==2.11.0+rocm7.13.0" in outs[0]
     assert pylock.current(load_stack(str(tmp_path / "gfx1151.yaml"))) == tmp_path / "gfx1151.pylock.txt"
+
+
+def test_ray_is_a_layer_of_its_own_in_the_gpu_stacks_and_absent_from_cpu():
+    from toolbox.components import pylock as pylock_component
+
+    for name in ("cuda", "gfx1151"):
+        stack = load_stack(name)
+        whole = pylock.parse(pylock.current(stack).read_text())
+        ray_part = pylock.parse(pylock_component.ray_part(stack))
+        rest = pylock.parse(pylock_component._parts(stack)[1])
+        # the two steps install the whole lock, each package once
+        assert set(ray_part) | set(rest) == set(whole) and not set(ray_part) & set(rest)
+        assert "ray" in ray_part and "transformers" in rest and "torch" not in ray_part
+        # what ray shares with the training stack stays in the training stack's layer
+        shared = [n for n, p in whole.items() if "ray" in p["via"] and p["via"] - set(ray_part)]
+        assert shared and all(n in rest for n in shared)
+        text = render_dockerfile(stack)
+        assert text.index("python-lock/ray.txt") > text.index("python-lock/all.txt")
+        assert stack.pins()["ray.version"] == "2.60.0"
+    cpu = load_stack("cpu")
+    assert "ray" not in pylock.parse(pylock.current(cpu).read_text())
+    assert "ray" not in render_dockerfile(cpu).lower().replace("array", "")
+
+
+def test_only_keeps_what_another_root_also_needs():
+    lock = ("ray==1 \\\n    # via (stack)\nmsgpack==1 \\\n    # via ray\naiohttp==1 \\\n    # via\n"
+            "    #   datasets\n    #   ray\nyarl==1 \\\n    # via aiohttp\ndatasets==1 \\\n    # via (stack)\n")
+    assert pylock.only(lock, "ray") == {"ray", "msgpack"}
+    assert pylock.only(lock, "absent") == set()

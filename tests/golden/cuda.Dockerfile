@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "cuda" (lock 19404be634fa).
+# Rendered by `toolbox render` from stack "cuda" (lock 7f77b867a878).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -124,6 +124,14 @@ RUN --mount=type=secret,id=ca \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 
+# Ray Train (launch --engine ray) and what only it pulls in, from the stack's Python lock: a layer
+# of its own so the training stack's layers above are shared with a ray bump
+COPY python-lock/ray.txt /opt/toolbox/python-lock/ray.txt
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/ray.txt
+
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
 # then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
@@ -144,11 +152,12 @@ LABEL \
     io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="19404be634fa" \
+    io.github.toolbox.lock-digest="7f77b867a878" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="cuda" \
-    io.github.toolbox.python.lock.sha256="99bfee53d9a1311babdfade550582049e22f0cd622f636e5956d468379b1fd56" \
-    io.github.toolbox.python.lock.torch.sha256="0bc33c8566a5f1af1bd82a2bd512fa53a756b948f443a6e8a8ba9ad61864dccc" \
+    io.github.toolbox.python.lock.sha256="e1f412a0a1ceed9884120ac33f11a90a12dce179301eeeb87a953efe62ae7acb" \
+    io.github.toolbox.python.lock.torch.sha256="5d5ed9c915affa412002d6c4808f9c07fff52fddb0c8d8500a65f3ba64d9deb6" \
+    io.github.toolbox.ray.version="2.60.0" \
     io.github.toolbox.stack="cuda" \
     io.github.toolbox.torch.version="2.13.0" \
     io.github.toolbox.torchvision.version="0.28.0" \
@@ -162,4 +171,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-cuda" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="19404be634fa"
+    org.opencontainers.image.version="7f77b867a878"

@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 2eef12d1adb7).
+# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 4eef9b24d4e7).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -242,6 +242,14 @@ RUN --mount=type=secret,id=ca \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 
+# Ray Train (launch --engine ray) and what only it pulls in, from the stack's Python lock: a layer
+# of its own so the training stack's layers above are shared with a ray bump
+COPY python-lock/ray.txt /opt/toolbox/python-lock/ray.txt
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/ray.txt
+
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
 # then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
@@ -266,10 +274,11 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="2eef12d1adb7" \
+    io.github.toolbox.lock-digest="4eef9b24d4e7" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
-    io.github.toolbox.python.lock.sha256="3c0a0e44505bf3f2a8a55c42c67f16958e8f8e2f50daf81e813d93dec6d2d362" \
+    io.github.toolbox.python.lock.sha256="5f271ed719ce3513a4480363f35ccab2908a5a07fe06244c06da8730cf885123" \
+    io.github.toolbox.ray.version="2.60.0" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="0f191289ffadcebdb65391c5d9ddacccfbffae36" \
     io.github.toolbox.rccl.enable_smi="false" \
@@ -297,4 +306,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-early2026" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="2eef12d1adb7"
+    org.opencontainers.image.version="4eef9b24d4e7"

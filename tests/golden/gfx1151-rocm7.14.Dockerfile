@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock 621608064458).
+# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock 9fd73c839843).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -230,6 +230,14 @@ RUN --mount=type=secret,id=ca \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 
+# Ray Train (launch --engine ray) and what only it pulls in, from the stack's Python lock: a layer
+# of its own so the training stack's layers above are shared with a ray bump
+COPY python-lock/ray.txt /opt/toolbox/python-lock/ray.txt
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/ray.txt
+
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
 # then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
@@ -255,10 +263,11 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="621608064458" \
+    io.github.toolbox.lock-digest="9fd73c839843" \
     io.github.toolbox.peft.version="0.18.1" \
     io.github.toolbox.platform="rocm" \
-    io.github.toolbox.python.lock.sha256="9c044e72b542d5f079de63c8c614fc73d67d440422c02fb1224287e59b05837a" \
+    io.github.toolbox.python.lock.sha256="6d3cf16f81fac4a4c6baa0788db91027339c3d61eddfc3426550dfb06486dbd3" \
+    io.github.toolbox.ray.version="2.60.0" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="2b22ab0195cc1461cd9abf3b969e9dd7c10af350" \
     io.github.toolbox.rccl.enable_smi="true" \
@@ -287,4 +296,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm7.14" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="621608064458"
+    org.opencontainers.image.version="9fd73c839843"

@@ -68,7 +68,8 @@ class Component:
     context: Callable[["Stack"], list[ContextFile]] = lambda s: []
 
 
-ORDER = ("base", "rocm", "rccl", "torch", "bitsandbytes", "hf", "unsloth", "llama_cpp", "entrypoints", "pylock", "labels")
+ORDER = ("base", "rocm", "rccl", "torch", "bitsandbytes", "hf", "unsloth", "llama_cpp", "ray", "entrypoints", "pylock",
+         "labels")
 
 
 def _all() -> list[Component]:

@@ -13,11 +13,26 @@ from toolbox.components import Component, ContextFile
 
 def _parts(stack) -> tuple[str | None, str | None]:
     """(torch part, whole lock) as far as each still holds for the stack's pins; no torch part
-    where AMD's index serves torch (first-use: not in the lock)."""
+    where AMD's index serves torch (first-use: not in the lock). With a `ray:` block, the whole
+    lock leaves out what only ray pulls in: ray_part() has it, for the ray layer."""
     torch_lock, whole = pylock.torch_current(stack), pylock.current(stack)
     torch_part = pylock.split(torch_lock.read_text(encoding="utf-8"))[0] if torch_lock else None
-    everything = pylock.split(whole.read_text(encoding="utf-8"))[1] if whole else None
+    everything = None
+    if whole:
+        text = whole.read_text(encoding="utf-8")
+        ray_only = pylock.only(text, "ray") if stack.model.ray is not None else set()
+        everything = pylock.split(text, keep=lambda n: n not in ray_only)[1]
     return torch_part or None, everything
+
+
+def ray_part(stack) -> str | None:
+    """The lock lines of ray[train] and what only it pulls in (None: no ray block, or a stale lock)."""
+    whole = pylock.current(stack) if stack.model.ray is not None else None
+    if not whole:
+        return None
+    text = whole.read_text(encoding="utf-8")
+    ray_only = pylock.only(text, "ray")
+    return pylock.split(text, keep=lambda n: n in ray_only)[1]
 
 
 def _pins(stack):
@@ -33,7 +48,9 @@ def _pins(stack):
 def _context(stack):
     torch_part, everything = _parts(stack)
     out = [] if torch_part is None else [ContextFile("python-lock/torch.txt", text=torch_part)]
-    return out + ([] if everything is None else [ContextFile("python-lock/all.txt", text=everything)])
+    out += [] if everything is None else [ContextFile("python-lock/all.txt", text=everything)]
+    ray = ray_part(stack)
+    return out + ([] if ray is None else [ContextFile("python-lock/ray.txt", text=ray)])
 
 
 COMPONENT = Component("pylock", applies=lambda s: True, pins=_pins, context=_context,

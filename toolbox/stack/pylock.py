@@ -95,6 +95,8 @@ def requirements(stack) -> list[str]:
     lc = getattr(stack.model, "llama_cpp", None)
     if lc is not None and lc.sentencepiece:
         pinned.append(f"sentencepiece=={lc.sentencepiece}")  # llama.cpp's converter imports it
+    if stack.model.ray is not None:
+        pinned.append(f"ray[train]=={stack.model.ray.version}")  # its own layer: see only()
     names = {re.split(r"[\[=<>!~ ]", r, maxsplit=1)[0].lower() for r in pinned}
     extra = [d for d in _entrypoint_deps() if re.split(r"[\[=<>!~ ]", d, maxsplit=1)[0].lower() not in names]
     return sorted(pinned + extra)
@@ -219,8 +221,8 @@ def parse(text: str) -> dict[str, dict]:
     return out
 
 
-def split(text: str, first: str = "torch") -> tuple[str, str]:
-    """(lock lines of `first` and everything it pulls in, lock lines of all) for the two pip steps."""
+def split(text: str, first: str = "torch", keep=lambda name: True) -> tuple[str, str]:
+    """(lock lines of `first` and everything it pulls in, lock lines of all that `keep`) for the pip steps."""
     pkgs = parse(text)
     closure = {first}
     grew = True
@@ -234,7 +236,24 @@ def split(text: str, first: str = "torch") -> tuple[str, str]:
     def body(names) -> str:
         return "".join("\n".join(pkgs[n]["block"]) + "\n" for n in sorted(names))
 
-    return body(n for n in pkgs if n in closure), body(pkgs)
+    return body(n for n in pkgs if n in closure), body(n for n in pkgs if keep(n))
+
+
+def only(text: str, root: str) -> set[str]:
+    """The packages of the lock that only `root` pulls in (each one's every parent is among them):
+    what a layer of its own for `root` installs, and the rest of the lock leaves out."""
+    pkgs = parse(text)
+    if root not in pkgs:
+        return set()
+    mine = {root}
+    grew = True
+    while grew:
+        grew = False
+        for n, p in pkgs.items():
+            if n not in mine and p["via"] and p["via"] <= mine:
+                mine.add(n)
+                grew = True
+    return mine
 
 
 def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrade: bool = False,
