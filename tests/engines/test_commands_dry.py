@@ -248,3 +248,18 @@ def test_a_failed_build_names_the_failing_step_not_the_last_printed(engine):
     }[engine]
     step = failed_step(log)
     assert step is not None and "peft==99.0.0" in step and step.split()[0] in ("[4/4]", "#14", "Step"), step
+
+
+def test_build_failure_keeps_step_hint_and_last_line_within_one_shown_line():
+    """The guard shows a fault as one line cut at 2000 characters: a long engine log must not push
+    the hint and 'no image was tagged' out of it, and the engine's very last line stays in."""
+    from toolbox.cli import one_line
+    from toolbox.engines.base import build_failure
+
+    log = [f"[2/2] STEP {i}/40: RUN pip install " + "x" * 400 for i in range(1, 40)]
+    log.append("ERROR: No matching distribution found for peft==99.0.0")
+    shown = one_line(build_failure("podman", log, "exit status 1"))
+    assert len(shown) <= 2000 and not shown.endswith("...")
+    assert "no image was tagged" in shown and "what to try" in shown
+    assert shown.endswith("No matching distribution found for peft==99.0.0")
+    assert "last lines:" in shown

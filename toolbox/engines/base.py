@@ -197,11 +197,20 @@ def failed_step(log: list[str]) -> str | None:
 
 def build_failure(engine: str, log: list[str], detail: str) -> ToolError:
     step = failed_step(log)
-    tail = "\n".join("    " + line for line in log[-15:])
+    # The message is shown as one line (toolbox.cli.one_line cuts it at 2000 characters): the step,
+    # the hint and "no image was tagged" come first, then as many of the engine's last lines as fit.
+    tail: list[str] = []
+    for line in reversed(log[-15:]):
+        line = line.strip()
+        line = line if len(line) <= 160 else line[:157] + "..."
+        if sum(len(t) + 2 for t in tail) + len(line) > 1100:
+            break
+        tail.insert(0, "    " + line)
     hint = (
         "what to try: read the step's output above; for pip/apt TLS errors pass --ca-bundle FILE; "
         "for missing wheels on an air-gapped host pass --wheelhouse DIR; for network errors try "
         "--network host; to rule out a stale cache add --no-cache"
     )
     where = f" at {step}" if step else ""
-    return ToolError(f"{engine} build failed{where}: {detail}\n  last lines:\n{tail}\n  {hint}\n  no image was tagged")
+    return ToolError(f"{engine} build failed{where}: {detail}\n  no image was tagged\n  {hint}\n  last lines:\n"
+                     + "\n".join(tail))
