@@ -33,13 +33,20 @@ from toolbox.errors import ToolError, UserError
 from toolbox.paths import state_dir
 from toolbox_train.distributed import rdma
 
+# Alive = a `ray start` that is not a zombie: a node whose processes were just killed can leave
+# one for a moment (kill -0 succeeds on it), and `up` then took the dead node for a running one.
+ALIVE = r"""
+alive() { [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null \
+  && tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null | grep -q "ray start"; }
+"""
+
 # $1 role, $2 node IP, $3 head address, $4 port, $5 Ray folder, $6 GPUs ("" = count them).
-START = r"""
+START = ALIVE + r"""
 role=$1 ip=$2 head=$3 port=$4 dir=$5 gpus=$6
 umask 077
 mkdir -p "$dir" || exit 1
 pidf=$dir/toolbox-ray.pid log=$dir/toolbox-ray.log
-if [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then echo "ray: already running (pid $(cat "$pidf"))"; exit 0; fi
+if [ -f "$pidf" ] && alive "$(cat "$pidf")"; then echo "ray: already running (pid $(cat "$pidf"))"; exit 0; fi
 if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
   echo "ray: the cluster token did not reach this shell (toolbx passes only its own set of variables into the container): use --via distrobox or none"; exit 1
 fi
@@ -56,7 +63,7 @@ echo "$pid" > "$pidf"
 i=0
 while [ "$i" -lt 900 ]; do
   if grep -q "Ray runtime started" "$log"; then echo "ray: started (pid $pid, $gpus GPU(s), $ip)"; exit 0; fi
-  kill -0 "$pid" 2>/dev/null || break
+  alive "$pid" || break
   sleep 0.2; i=$((i + 1))
 done
 echo "ray: did not start; the end of $log:"; tail -n 8 "$log"; rm -f "$pidf"; exit 1
@@ -79,9 +86,9 @@ rm -f "$pidf" "$dir/auth_token"
 """
 
 # $1 Ray folder, $2 head address (on the head only).
-STATUS = r"""
+STATUS = ALIVE + r"""
 dir=$1 pidf=$1/toolbox-ray.pid
-if [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then echo "ray: running (pid $(cat "$pidf"))"; else echo "ray: not running"; exit 3; fi
+if [ -f "$pidf" ] && alive "$(cat "$pidf")"; then echo "ray: running (pid $(cat "$pidf"))"; else echo "ray: not running"; exit 3; fi
 [ -n "$2" ] || exit 0
 RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$dir/auth_token" ray status --address "$2"
 """
