@@ -121,6 +121,15 @@ def test_bump_git_ref_to_commit(tmp_path, stack_copy):
         bump("bitsandbytes", str(stack_copy), "no-such-branch")
 
 
+def test_bump_unsloth_from_pypi_has_no_commit(stack_copy):
+    """gfx1151's Unsloth comes from PyPI (issue 24): no commit to bump, the file stays as it was."""
+    before = stack_copy.read_text()
+    for component in ("unsloth", "unsloth_zoo"):
+        with pytest.raises(UserError, match=r"unsloth: source is pypi, not git: no commit to bump"):
+            bump(component, str(stack_copy), "main")
+    assert stack_copy.read_text() == before
+
+
 def test_bump_cli_unknown_component_exit_2(stack_copy):
     r = subprocess.run([sys.executable, "-m", "toolbox", "bump", "rocmm", "--stack", str(stack_copy)],
                        cwd=ROOT, capture_output=True, text=True)

@@ -56,8 +56,18 @@ def test_deterministic(name):
     assert "20" + "26-" not in a.split("\n", 3)[1]  # no date stamp in the header
 
 
-def test_runtime_has_no_compilers_and_copies_results():
-    st = stages(render_dockerfile(load_stack("gfx1151")))
+def git_unsloth(tmp_path: Path) -> Path:
+    """The gfx1151 stack with Unsloth built from git (the pins it had before issue 24)."""
+    p = tmp_path / "git-unsloth.yaml"
+    p.write_text("extends: gfx1151\nname: gfx1151-git-unsloth\nunsloth:\n  source: git\n  version: '2026.8.19'\n"
+                 "  commit: 015bdef0d94a241bcd94eec7a405b1700632180d\n  zoo_version: '2026.8.13'\n"
+                 "  zoo_commit: ce232d6cef9cb8cd34cd3727906131622177436b\n  extras: [huggingfacenotorch]\n"
+                 "hf: {transformers: 5.5.0, trl: 0.24.0, peft: 0.18.1, datasets: 4.3.0}\n")
+    return p
+
+
+def test_runtime_has_no_compilers_and_copies_results(tmp_path):
+    st = stages(render_dockerfile(load_stack(str(git_unsloth(tmp_path)))))
     assert list(st)[:2] == ["base", "rocm-fetch"]
     assert {"devel", "rccl-build", "bitsandbytes-build", "unsloth-build", "runtime"} <= set(st)
     runtime = st["runtime"]
@@ -74,14 +84,15 @@ def test_stage_order_by_churn():
     text = render_dockerfile(load_stack("gfx1151"))
     runtime = text[text.index("FROM base AS runtime"):]
     order = ["--from=rocm-fetch", "--from=rccl-build", "torch==2.11.0", "bitsandbytes-0.50.1",
-             "python-lock/all.txt", "unsloth[", "pip.sh check", "LABEL"]
+             "python-lock/all.txt", "# unsloth 2026.10.9 from PyPI", "pip.sh check", "LABEL"]
     idx = [runtime.index(k) for k in order]
     assert idx == sorted(idx)
 
 
-def test_unsloth_bump_keeps_earlier_layers_identical():
-    a = render_dockerfile(load_stack("gfx1151"))
-    b = render_dockerfile(load_stack("gfx1151", ["unsloth.commit=" + "1" * 40]))
+def test_unsloth_bump_keeps_earlier_layers_identical(tmp_path):
+    ref = str(git_unsloth(tmp_path))
+    a = render_dockerfile(load_stack(ref))
+    b = render_dockerfile(load_stack(ref, ["unsloth.commit=" + "1" * 40]))
     # Comments do not key the build cache; the header names the lock digest, so start at FROM.
     a, b = a[a.index("FROM "):], b[b.index("FROM "):]
     cut = a.index("# ---- unsloth")
@@ -114,7 +125,7 @@ def test_labels_one_per_pin():
     assert pairs["io.github.toolbox.lock-digest"] == s.digest()
     for pin, value in s.pins().items():
         assert pairs[f"io.github.toolbox.{pin}"] == value
-    assert pairs["io.github.toolbox.unsloth.commit"] == "015bdef0d94a241bcd94eec7a405b1700632180d"
+    assert pairs["io.github.toolbox.unsloth.version"] == "2026.10.9" and "io.github.toolbox.unsloth.commit" not in pairs
     assert any(k.startswith("org.opencontainers.image.") for k in pairs)
 
 

@@ -103,6 +103,11 @@ def test_unsloth_patches_by_file_and_url(tmp_path):
     p = user_stack(tmp_path, f"""
         extends: gfx1151
         unsloth:
+          source: git                 # patches apply to a source build (gfx1151's is PyPI's)
+          version: "2026.8.19"
+          commit: 015bdef0d94a241bcd94eec7a405b1700632180d
+          zoo_version: "2026.8.13"
+          zoo_commit: ce232d6cef9cb8cd34cd3727906131622177436b
           patches:
             - file: fix.patch
             - url: https://github.com/unslothai/unsloth/pull/4109.diff
@@ -124,10 +129,15 @@ def test_unsloth_url_patch_needs_sha256(tmp_path):
     p = user_stack(tmp_path, """
         extends: gfx1151
         unsloth:
+          source: git                 # patches apply to a source build (gfx1151's is PyPI's)
+          version: "2026.8.19"
+          commit: 015bdef0d94a241bcd94eec7a405b1700632180d
+          zoo_version: "2026.8.13"
+          zoo_commit: ce232d6cef9cb8cd34cd3727906131622177436b
           patches:
             - url: https://github.com/unslothai/unsloth/pull/4109.diff
         """)
-    with pytest.raises(UserError, match=r"mine.yaml:4: unsloth.patches.0: a patch by url needs its sha256"):
+    with pytest.raises(UserError, match=r"mine.yaml:9: unsloth.patches.0: a patch by url needs its sha256"):
         load_stack(str(p))
 
 
@@ -197,3 +207,54 @@ def test_changing_gpu_targets_rederives_or_refuses(tmp_path):
     # an explicit rccl.gpu_targets is kept, and must still be a subset
     with pytest.raises(UserError, match="rccl.gpu_targets names gfx1151, which gpu_targets does not"):
         load_stack(str(p), ["rccl.gpu_targets=[gfx1151]"])
+
+
+def test_unsloth_patches_need_a_source_build(tmp_path):
+    from toolbox.errors import UserError
+
+    (tmp_path / "fix.patch").write_text("--- a/x\n+++ b/x\n")
+    p = user_stack(tmp_path, """
+        extends: gfx1151
+        unsloth:
+          patches:
+            - file: fix.patch
+        """)
+    with pytest.raises(UserError, match=r"unsloth: patches apply to a source: git build"):
+        load_stack(str(p))
+
+
+def test_rocm_unsloth_from_pypi_locked(tmp_path):
+    """gfx1151's PyPI Unsloth (issue 24): in the hash-checked lock, less what the ROCm image takes
+    elsewhere (triton: the ROCm torch's; xformers: CUDA-only; bitsandbytes: built from git)."""
+    from toolbox.stack import pylock
+
+    s = load_stack("gfx1151")
+    text = render_dockerfile(s)
+    assert "unsloth-build" not in text and "unsloth[" not in text
+    lock = pylock.current(s).read_text()
+    for name in ("triton", "xformers", "bitsandbytes"):
+        assert f"# left out: {name}, which PyPI Unsloth requires" in lock
+        assert f"\n{name}==" not in lock
+    assert "\nunsloth==2026.10.9 \\" in lock and "\nunsloth-zoo==2026.10.9 \\" in lock and "\ntrl==1.15.0 \\" in lock
+    runtime = text[text.index("FROM base AS runtime"):]
+    step = runtime[runtime.index("# unsloth 2026.10.9 from PyPI"):runtime.index("# llama.cpp")]
+    assert "pip.sh install" not in step and 'assert "+rocm" in v' in step
+    assert "pip.sh check --missing-ok xformers \\" in text
+    # the 7.14 stack installs PyPI's bitsandbytes (in its lock): only triton and xformers are left out
+    lock714 = pylock.current(load_stack("gfx1151-rocm7.14")).read_text()
+    assert "# left out: bitsandbytes" not in lock714 and "\nbitsandbytes==0.50.1 \\" in lock714
+    # cuda takes everything from PyPI: nothing left out, pip check unconditional
+    cuda = render_dockerfile(load_stack("cuda"))
+    assert "pip.sh check \\" in cuda and "--missing-ok" not in cuda and "left out" not in cuda
+
+
+def test_rocm_unsloth_from_pypi_unlocked(tmp_path):
+    """A pin set without a lock: the wheels --no-deps, then their requirements less the left-out ones."""
+    s = load_stack("gfx1151", ["hf.peft=0.21.1"])
+    text = render_dockerfile(s)
+    lint(tmp_path, text)
+    assert '/opt/toolbox/scripts/pip.sh install --no-deps "unsloth==2026.10.9" unsloth_zoo==2026.10.9 \\' in text
+    assert "requires.py --leave-out bitsandbytes,triton,xformers unsloth unsloth_zoo" in text
+    ctx = write_context(s, tmp_path / "ctx")
+    assert (ctx / "scripts" / "requires.py").is_file()
+    assert not (write_context(load_stack("cuda"), tmp_path / "cuda") / "scripts" / "requires.py").exists()

@@ -228,6 +228,52 @@ def test_pip_check_passes_and_fails(tmp_path):
     assert "no-such-package-zzz" in r.stdout
 
 
+def fake_dist(site: Path, name: str, version: str, *requires: str) -> None:
+    meta = site / f"{name}-{version}.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+
+
+def test_pip_check_missing_ok_allows_only_the_names_given(tmp_path):
+    """ROCm images: PyPI Unsloth requires xformers, which nothing provides there (issue 24)."""
+    env = {"TOOLBOX_PYTHON": sys.executable, "TOOLBOX_FREEZE": str(tmp_path / "freeze.txt")}
+    site = tmp_path / "site"
+    fake_dist(site, "unslothfake", "2026.10.9", 'xformers>=0.0.27.post2; "linux" in sys_platform')
+    env["PYTHONPATH"] = str(site)
+    r = sh(SCRIPTS / "pip.sh", "check", env=env)
+    assert r.returncode == 1 and "requires xformers, which is not installed." in r.stdout
+    r = sh(SCRIPTS / "pip.sh", "check", "--missing-ok", "xformers", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "allowed (--missing-ok): unslothfake 2026.10.9 requires xformers" in r.stdout
+    assert (tmp_path / "freeze.txt").is_file()
+    # another missing package, or xformers at a wrong version, still fails
+    fake_dist(site, "other", "1.0", "no-such-package-zzz")
+    r = sh(SCRIPTS / "pip.sh", "check", "--missing-ok", "xformers", env=env)
+    assert r.returncode == 1 and "no-such-package-zzz" in r.stdout
+    site2 = tmp_path / "site2"
+    fake_dist(site2, "unslothfake", "2026.10.9", "xformers>=9")
+    fake_dist(site2, "xformers", "0.0.1")
+    r = sh(SCRIPTS / "pip.sh", "check", "--missing-ok", "xformers", env=dict(env, PYTHONPATH=str(site2)))
+    assert r.returncode == 1 and "xformers 0.0.1" in r.stdout
+
+
+def test_requires_lists_requirements_less_the_left_out(tmp_path):
+    site = tmp_path / "site"
+    fake_dist(site, "unsloth", "2026.10.9", "unsloth_zoo>=2026.10.9", "torch<2.15.0,>=2.4.0",
+              'triton>=3.0.0; "linux" in sys_platform', "xformers>=0.0.27.post2", "bitsandbytes>=0.45.5",
+              'triton-windows; sys_platform == "win32"', 'boto3>=1.34.0; extra == "s3"', "trl<=1.15.0,>=0.18.2")
+    fake_dist(site, "unsloth_zoo", "2026.10.9", "torchao>=0.13.0", "trl<=1.15.0,>=0.18.2", "Triton>=3.0.0")
+    env = {"PYTHONPATH": str(site)}
+    r = sh(sys.executable, SCRIPTS / "requires.py", "--leave-out", "bitsandbytes,triton,xformers", "unsloth",
+           "unsloth_zoo", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines == ["torch<2.15.0,>=2.4.0", "trl<=1.15.0,>=0.18.2", "torchao>=0.13.0"], lines
+    r = sh(sys.executable, SCRIPTS / "requires.py", "not-installed-zzz", env=env)
+    assert r.returncode == 1 and "not-installed-zzz is not installed" in r.stderr
+
+
 def test_pip_sh_skips_torch_index_when_wheelhouse_has_torch(tmp_path):
     """pip.sh's argument assembly, seen through a stand-in interpreter that prints its argv."""
     fake = tmp_path / "py"

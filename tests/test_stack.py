@@ -171,10 +171,13 @@ def test_missing_patch_dir_and_unsloth_patch_file(tmp_path):
     q = write(tmp_path, """
         extends: gfx1151
         unsloth:
+          source: git
+          commit: 015bdef0d94a241bcd94eec7a405b1700632180d
+          zoo_commit: ce232d6cef9cb8cd34cd3727906131622177436b
           patches:
             - file: gone.patch
         """, "q.yaml")
-    assert f"{q}:4: unsloth.patches.0.file: missing patch file 'gone.patch'" in err(q)
+    assert f"{q}:7: unsloth.patches.0.file: missing patch file 'gone.patch'" in err(q)
 
 
 def test_malformed_yaml(tmp_path):
@@ -238,3 +241,12 @@ def test_a_series_patches_verify_refuses_does_not_load(tmp_path):
         assert f"{p}:3: rccl.patches: " in err(p) and problem in err(p)
     (series / "series").unlink()
     assert f"{p}:3: rccl.patches: " in err(p) and "series file not found" in err(p)
+
+
+def test_one_trl_for_every_stack():
+    """The preference objectives are written against one TRL, and every shipped stack pins it
+    (issue 24: the gfx1151 stacks moved to the cuda stack's Unsloth 2026.10.9 and TRL 1.15.0)."""
+    from toolbox_train.planning.checks import TRL_FOR_OBJECTIVES
+
+    pins = {name: load_stack(name).model.hf.trl for name in stack_names()}
+    assert set(pins.values()) == {TRL_FOR_OBJECTIVES}, pins

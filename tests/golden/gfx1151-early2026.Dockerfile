@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 4eef9b24d4e7).
+# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 7d6df7ed672d).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -122,18 +122,6 @@ RUN --mount=type=secret,id=ca \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh wheel --no-deps --wheel-dir /wheels/bitsandbytes /src/bitsandbytes
 
-# ---- unsloth 2026.8.19 @ 015bdef0d94a241bcd94eec7a405b1700632180d, unsloth_zoo 2026.8.13 @ ce232d6cef9cb8cd34cd3727906131622177436b: wheels, patches applied ----
-FROM devel AS unsloth-build
-RUN --mount=type=secret,id=ca \
-    /opt/toolbox/scripts/git-fetch.sh https://github.com/unslothai/unsloth 015bdef0d94a241bcd94eec7a405b1700632180d /src/unsloth \
- && /opt/toolbox/scripts/git-fetch.sh https://github.com/unslothai/unsloth-zoo ce232d6cef9cb8cd34cd3727906131622177436b /src/unsloth-zoo
-RUN --mount=type=secret,id=ca \
-    --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh wheel --no-deps --wheel-dir /wheels/unsloth /src/unsloth /src/unsloth-zoo \
- && test -f /wheels/unsloth/unsloth-2026.8.19-py3-none-any.whl \
- && test -f /wheels/unsloth/unsloth_zoo-2026.8.13-py3-none-any.whl
-
 # ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
 FROM devel AS llama_cpp-build
 RUN --mount=type=secret,id=ca \
@@ -211,22 +199,14 @@ RUN --mount=type=secret,id=ca \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt
 
-# unsloth 2026.8.19 @ 015bdef0d94a241bcd94eec7a405b1700632180d
-COPY --from=unsloth-build /wheels/unsloth/ /opt/toolbox/wheels/unsloth/
-RUN --mount=type=secret,id=ca \
-    --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      "unsloth[huggingfacenotorch] @ file:///opt/toolbox/wheels/unsloth/unsloth-2026.8.19-py3-none-any.whl" \
-      "unsloth_zoo @ file:///opt/toolbox/wheels/unsloth/unsloth_zoo-2026.8.13-py3-none-any.whl" \
-      accelerate==1.15.0 \
-      datasets==4.3.0 \
-      peft==0.18.1 \
-      transformers==5.5.0 \
-      trl==0.24.0 \
-      torch==2.10.0+rocm7.12.0a20260227 \
-      torchvision==0.25.0+rocm7.12.0a20260227 \
-      torchaudio==2.10.0+rocm7.12.0a20260227
+# unsloth 2026.10.9 from PyPI
+# On ROCm these requirements of PyPI Unsloth are not taken from PyPI:
+#   bitsandbytes: the stack builds it from git for its GPU targets
+#   triton: the ROCm torch's own, from its index
+#   xformers: PyPI's are CUDA builds; Unsloth uses torch's SDPA without it
+# unsloth and unsloth_zoo came with the Python lock above (hash-checked, --no-deps), which holds
+# none of these; the triton installed must still be the ROCm torch's
+RUN /opt/venv/bin/python -c 'from importlib.metadata import version; v = version("triton"); print("triton", v); assert "+rocm" in v, "triton " + v + ": not the ROCm build"'
 
 # llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): programs on PATH (with the OpenMP runtime they link),
 # the converter with its own gguf-py (and sentencepiece, which it imports for every Llama model)
@@ -250,14 +230,15 @@ RUN --mount=type=secret,id=ca \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/ray.txt
 
-# the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold;
+# the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold
+# but xformers, which nothing provides on ROCm (see the Unsloth step);
 # then the venv's commands into /usr/local/bin, where toolbx/distrobox shells (host PATH) look
 COPY entrypoints/ /opt/toolbox/entrypoints/
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     /opt/toolbox/scripts/pip.sh install --no-deps /opt/toolbox/entrypoints \
- && /opt/toolbox/scripts/pip.sh check \
+ && /opt/toolbox/scripts/pip.sh check --missing-ok xformers \
  && /opt/toolbox/scripts/link-venv.sh
 COPY stack.lock.yaml /opt/toolbox/stack.lock.yaml
 
@@ -267,17 +248,17 @@ LABEL \
     io.github.toolbox.base.image="registry.fedoraproject.org/fedora:43" \
     io.github.toolbox.bitsandbytes.commit="37d2a9387f7146ccb85517ff45c665d345bfda79" \
     io.github.toolbox.bitsandbytes.version="0.50.1" \
-    io.github.toolbox.datasets.version="4.3.0" \
+    io.github.toolbox.datasets.version="4.8.4" \
     io.github.toolbox.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.backend="hip" \
     io.github.toolbox.llama_cpp.commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f" \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="4eef9b24d4e7" \
-    io.github.toolbox.peft.version="0.18.1" \
+    io.github.toolbox.lock-digest="7d6df7ed672d" \
+    io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="rocm" \
-    io.github.toolbox.python.lock.sha256="5f271ed719ce3513a4480363f35ccab2908a5a07fe06244c06da8730cf885123" \
+    io.github.toolbox.python.lock.sha256="d4d2aa0e43bdad003714ce9c0af4029c8006cedfb39ccd86d928aba1ffc24ff1" \
     io.github.toolbox.ray.version="2.60.0" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="0f191289ffadcebdb65391c5d9ddacccfbffae36" \
@@ -294,16 +275,14 @@ LABEL \
     io.github.toolbox.torch.version="2.10.0+rocm7.12.0a20260227" \
     io.github.toolbox.torchaudio.version="2.10.0+rocm7.12.0a20260227" \
     io.github.toolbox.torchvision.version="0.25.0+rocm7.12.0a20260227" \
-    io.github.toolbox.transformers.version="5.5.0" \
-    io.github.toolbox.trl.version="0.24.0" \
-    io.github.toolbox.unsloth.commit="015bdef0d94a241bcd94eec7a405b1700632180d" \
-    io.github.toolbox.unsloth.version="2026.8.19" \
-    io.github.toolbox.unsloth_zoo.commit="ce232d6cef9cb8cd34cd3727906131622177436b" \
-    io.github.toolbox.unsloth_zoo.version="2026.8.13" \
+    io.github.toolbox.transformers.version="5.17.0" \
+    io.github.toolbox.trl.version="1.15.0" \
+    io.github.toolbox.unsloth.version="2026.10.9" \
+    io.github.toolbox.unsloth_zoo.version="2026.10.9" \
     org.opencontainers.image.base.name="registry.fedoraproject.org/fedora:43" \
     org.opencontainers.image.description="LLM fine-tuning toolbox for AMD Strix Halo (gfx1151), early-2026 reproduction" \
     org.opencontainers.image.licenses="Apache-2.0" \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-early2026" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="4eef9b24d4e7"
+    org.opencontainers.image.version="7d6df7ed672d"

@@ -1,6 +1,16 @@
-"""Unsloth and unsloth_zoo: from pinned git commits (+ patches applied in the build) or PyPI."""
+"""Unsloth and unsloth_zoo: from pinned git commits (+ patches applied in the build) or PyPI.
+
+PyPI's unsloth/unsloth_zoo wheels (2026.10.9) require torch, torchvision, triton, xformers and
+bitsandbytes outright. On a ROCm image those come from elsewhere, so `left_out()` names them: the
+Python lock leaves them out of its resolution (the image installs the lock --no-deps), an
+unlocked build installs the two wheels --no-deps and then their requirements less these, and
+the final `pip check` lets only xformers be missing.
+"""
 
 from toolbox.components import Component, ContextFile
+from toolbox.paths import PROJECT_ROOT
+
+REQUIRES = PROJECT_ROOT / "dockerfiles" / "scripts" / "requires.py"
 
 
 def _pins(stack):
@@ -30,6 +40,32 @@ def patches(stack) -> list[dict]:
     return out
 
 
+def left_out(stack) -> dict[str, str]:
+    """What PyPI Unsloth requires that a ROCm image does not take from PyPI: {name: why}, sorted
+    (torch, torchvision, torchaudio are the stack's own torch pins: pylock.first_use)."""
+    m = stack.model
+    u = m.unsloth
+    if m.platform != "rocm" or u is None or u.source != "pypi":
+        return {}
+    out = {
+        # TheRock's Linux torch wheels require triton==<ver>+rocm<ROCm> from the same index (the
+        # wheel is named `triton` since TheRock 2479212f, 2025-12-17; before, pytorch-triton-rocm):
+        # PyPI's triton (CUDA) would overwrite that `triton` package.
+        "triton": "the ROCm torch's own, from its index",
+        # PyPI's xformers wheels are CUDA builds (xformers/_C.so); without xformers Unsloth uses
+        # torch's SDPA (unsloth/models/_utils.py: ModuleNotFoundError -> xformers = None).
+        "xformers": "PyPI's are CUDA builds; Unsloth uses torch's SDPA without it",
+    }
+    if m.bitsandbytes is not None and m.bitsandbytes.source == "git":
+        out["bitsandbytes"] = "the stack builds it from git for its GPU targets"
+    return dict(sorted(out.items()))
+
+
+def missing_ok(stack) -> list[str]:
+    """What the final `pip check` may find missing: xformers, which nothing installs on ROCm."""
+    return [n for n in left_out(stack) if n == "xformers"]
+
+
 def _requirements(stack) -> tuple[list[str], list[str]]:
     u = stack.unsloth
     extras = f"[{','.join(sorted(u.extras))}]" if u.extras else ""
@@ -45,15 +81,18 @@ def _requirements(stack) -> tuple[list[str], list[str]]:
 
 def _variables(stack, pin_set):
     reqs, wheels = _requirements(stack)
-    return {"unsloth_reqs": reqs, "unsloth_wheels": wheels, "unsloth_patches": patches(stack)}
+    return {"unsloth_reqs": reqs, "unsloth_wheels": wheels, "unsloth_patches": patches(stack),
+            "unsloth_left_out": left_out(stack), "unsloth_missing_ok": missing_ok(stack)}
 
 
 def _context(stack):
     listed = patches(stack)
+    # An unlocked ROCm build installs PyPI Unsloth's requirements less left_out() (runtime/unsloth.j2).
+    script = [ContextFile("scripts/requires.py", src=REQUIRES)] if left_out(stack) else []
     if not listed:
-        return []
+        return script
     # .keep: the folder exists even when every patch comes by URL (fetched in the build).
-    return [ContextFile(f"patches/unsloth/{p['name']}", src=p["src"]) for p in listed if p["src"]] + [
+    return script + [ContextFile(f"patches/unsloth/{p['name']}", src=p["src"]) for p in listed if p["src"]] + [
         ContextFile("patches/unsloth/.keep", text="")]
 
 

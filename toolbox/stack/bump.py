@@ -237,6 +237,9 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
             obj = getattr(obj, part, None) if obj is not None else None
         if obj is None:
             raise UserError(f"{path}: {block}: this stack has no such block")
+        if getattr(obj, "source", "git") != "git":
+            raise UserError(f"{path}: {block}: source is {obj.source}, not git: no commit to bump (edit its "
+                            f"version, then `toolbox lock --stack {stack.model.name}`)")
         changes[f"{block}.{commit_field}"] = resolve_git(getattr(obj, repo_field), to)
         if hasattr(obj, "unverified") and component != "unsloth_zoo":
             changes[f"{block}.unverified"] = False

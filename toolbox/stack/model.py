@@ -224,6 +224,8 @@ class Unsloth(Model):
     def _git_needs_commits(self) -> "Unsloth":
         if self.source == "git" and (self.commit is None or self.zoo_commit is None):
             raise ValueError("source: git needs `commit` and `zoo_commit` (40-hex)")
+        if self.source == "pypi" and self.patches:
+            raise ValueError("patches apply to a source: git build; source: pypi installs the released wheels")
         return self
 
 

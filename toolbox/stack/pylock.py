@@ -16,7 +16,8 @@ no longer matches it: `toolbox build` refuses it (exit 2) unless --unlocked, and
 Wheels from an index only the user's network reaches (AMD's torch) are left out of the
 resolution and named under `# first-use:` in the lock; what a stack builds from git (Unsloth,
 bitsandbytes on ROCm) is not in it either: their steps install them, and what they pull in,
-without hashes.
+without hashes. PyPI Unsloth on ROCm is in it, less what its wheels require that the image takes
+elsewhere (`# left out:`: the ROCm torch's triton, CUDA-only xformers, a git-built bitsandbytes).
 """
 
 from __future__ import annotations
@@ -79,6 +80,14 @@ def first_use(stack) -> list[str]:
     return torch.requirements(stack) if m.platform == "rocm" and m.torch.index_url else []
 
 
+def left_out(stack) -> dict[str, str]:
+    """What PyPI Unsloth requires that a ROCm image takes elsewhere (toolbox.components.unsloth):
+    left out of the resolution, as first_use() is, and named in the lock's header."""
+    from toolbox.components import unsloth
+
+    return unsloth.left_out(stack)
+
+
 def requirements(stack) -> list[str]:
     """torch's (unless first-use), the HF stack's, PyPI Unsloth's and PyPI bitsandbytes' pins,
     llama.cpp's converter's sentencepiece, plus what the entrypoints declare."""
@@ -108,6 +117,7 @@ def inputs_digest(stack, part: str = "all") -> str:
 
     if part == "all":
         reqs = requirements(stack) + [f"first-use {r}" for r in first_use(stack)]
+        reqs += [f"left-out {n}" for n in left_out(stack)]
     else:
         reqs = [] if first_use(stack) else torch.requirements(stack)
     blob = "\n".join([*reqs, f"platform={PLATFORM}", f"python={python_version(stack)}",
@@ -279,10 +289,11 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
     if upgrade:
         cmd.append("--upgrade")
     with tempfile.TemporaryDirectory(prefix="toolbox-lock-") as tmp:
-        if first_use(stack):
+        if first_use(stack) or left_out(stack):
             # An override no platform matches drops torch from the resolution (HF packages need
-            # it): AMD's wheels cannot be resolved here, and PyPI's torch must not stand in.
-            names = sorted({re.split(r"[\[=]", r, maxsplit=1)[0] for r in first_use(stack)})
+            # it): AMD's wheels cannot be resolved here, and PyPI's torch must not stand in. So
+            # too what PyPI Unsloth requires that the ROCm image takes elsewhere (triton, ...).
+            names = sorted({re.split(r"[\[=]", r, maxsplit=1)[0] for r in first_use(stack)} | set(left_out(stack)))
             (Path(tmp) / "first-use.txt").write_text("".join(f"{n} ; python_version < '0'\n" for n in names))
             cmd += ["--overrides", str(Path(tmp) / "first-use.txt")]
         cp = subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True)
@@ -303,6 +314,8 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
     for r in first_use(stack):
         header += (f"# first-use: {r} from {stack.model.torch.index_url}: not reachable when locking; "
                    "installed without a hash check\n")
+    for name, why in left_out(stack).items():
+        header += f"# left out: {name}, which PyPI Unsloth requires: {why}\n"
     out = user_lock_path(stack) if user else lock_path(stack)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, statefiles.with_checksum(header + body))
