@@ -117,13 +117,14 @@ def test_the_toy_sets_pass_in_both_forms(kind, fmt, chat):
 
 
 def test_an_older_trl_is_refused_for_the_preference_objectives(tmp_path, tiny_model, capsys, monkeypatch):
-    """The gfx1151 images carry TRL 0.24 (toolbox/stacks/gfx1151.yaml): refused before loading."""
+    """An older TRL (gfx1151 images built before issue 24 carry 0.24) is refused before loading."""
     import importlib.metadata
 
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda d: "0.24.0" if d == "trl" else real(d))
     good = pref.write(tmp_path / "p.jsonl", "preference", 4)
-    _refused(capsys, tmp_path, tiny_model, good, ["objective: dpo needs TRL >= 1.15.0 (installed: 0.24.0)"],
+    _refused(capsys, tmp_path, tiny_model, good, ["objective: dpo needs TRL >= 1.15.0 (installed: 0.24.0)",
+                                                  "every shipped stack pins TRL 1.15.0"],
              objective="dpo")
 
 

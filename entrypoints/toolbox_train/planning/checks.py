@@ -114,8 +114,8 @@ TRL_FOR_OBJECTIVES = "1.15.0"  # what the objectives are written against (traini
 
 
 def trl_problem(cfg: TrainConfig) -> None:
-    """The preference objectives need TRL 1.15's trainers; the gfx1151 images still carry TRL 0.24
-    (toolbox/stacks/gfx1151.yaml says why)."""
+    """The preference objectives need TRL 1.15's trainers. Every shipped stack pins TRL 1.15.0 (the
+    gfx1151 ones too since issue 24); an older TRL is an older image or a host venv of its own."""
     from importlib.metadata import PackageNotFoundError, version
 
     from packaging.version import Version
@@ -126,8 +126,8 @@ def trl_problem(cfg: TrainConfig) -> None:
         have = None
     if have is None or Version(have) < Version(TRL_FOR_OBJECTIVES):
         raise UserError(f"objective: {cfg.objective} needs TRL >= {TRL_FOR_OBJECTIVES} (installed: {have or 'none'}); "
-                        "the gfx1151 images still carry TRL 0.24 (toolbox/stacks/gfx1151.yaml): use the cpu or "
-                        "cuda stack, or objective sft")
+                        "every shipped stack pins TRL 1.15.0 (older gfx1151 images carry 0.24): rebuild the "
+                        "image or upgrade this environment's TRL, or use objective sft")
 
 
 def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, target=None) -> str:
