@@ -291,3 +291,38 @@ def test_host_overhead_reports_bare_and_finetune_per_step(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "toolbox_train.bench", "host-overhead", "--variants", "nope",
                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300, env=_env())
     assert bad.returncode == 2 and "unknown variant 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_host_overhead_runs_finetune_on_the_fused_head_path_with_a_large_vocab(tmp_path, monkeypatch):
+    """`bench host-overhead --vocab N --fused-head torch` (issue 26): the toy model gets the vocabulary, and
+    finetune's SFT loss goes through TRL's fused-head path with the torch stand-in kernel, asked for the
+    entropy and the top-1 only under `output.step_metrics: deferred` (the default, `loss`, asks for neither);
+    TRL's kernel slot is restored afterwards. No timing is asserted."""
+    import trl.trainer.utils as trl_utils
+
+    from toolbox_train.bench.host import run_host_overhead
+    from toolbox_train.training.objectives.logprob import TorchLogProb
+
+    asked = []
+    apply = TorchLogProb.apply
+
+    def counting(*args):
+        asked.append(tuple(args[8]))
+        return apply(*args)
+
+    monkeypatch.setattr(TorchLogProb, "apply", staticmethod(counting))
+    import torch
+
+    kernel, threads = trl_utils._ChunkedLogProbFunction, torch.get_num_threads()
+    try:
+        res = run_host_overhead("tiny-llama", tmp_path / "out", tmp_path / "w", ["defaults", "deferred-step-metrics"],
+                                batch=2, seq=16, warmup=1, steps=2, repeats=1, vocab=1000, fused_head="torch")
+    finally:
+        torch.set_num_threads(threads)  # the bench runs on one thread
+    assert trl_utils._ChunkedLogProbFunction is kernel
+    assert res["vocab"] == res["toy_config"]["vocab_size"] == 1000 and res["fused_head"] == "torch"
+    assert [r["variant"] for r in res["rows"]] == ["bare", "defaults", "deferred-step-metrics"]
+    assert len(asked) == 6  # one fused-head call a step, 3 steps a run
+    assert all("entropy" not in o and "is_top1" not in o for o in asked[:3])
+    assert all("entropy" in o and "is_top1" in o for o in asked[3:])
+    assert "vocab 1000" in (tmp_path / "out" / "host-overhead.md").read_text()

@@ -80,3 +80,83 @@ def test_deferred_step_metrics_log_what_trl_logs(tmp_path, monkeypatch):
     # the checkpoint of step 3 (not a log step) holds the tokens of its three steps
     state = json.loads((tmp_path / "deferred" / "checkpoints" / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["num_input_tokens_seen"] == 3 * 2 * 41
+
+
+def test_loss_step_metrics_compute_no_entropy_or_accuracy(tmp_path, monkeypatch):
+    """issue 26: `output.step_metrics: loss` (the default) asks TRL's fused head for the log-probabilities
+    alone: the kernel is never asked for the entropy or the top-1 accuracy in a training step, neither is
+    logged nor in the checkpoint's log history, and the loss and token counts are those of `deferred`.
+    Evaluation still runs TRL's compute_loss (its eval_entropy and eval_mean_token_accuracy)."""
+    import json
+
+    import trl.trainer.utils as trl_utils
+    from transformers import TrainerCallback
+
+    from toolbox_train.training import trainer
+    from toolbox_train.training.config import OutputCfg
+
+    assert OutputCfg(dir=str(tmp_path)).step_metrics == "loss"
+    calls = []
+
+    class Recording(TorchChunkedLogProb):
+        @staticmethod
+        def apply(h, w, b, labels, temperature, chunk, softcap, scale, outputs):
+            calls[-1].append(tuple(outputs))
+            return TorchChunkedLogProb.apply(h, w, b, labels, temperature, chunk, softcap, scale, outputs)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Recording)
+    monkeypatch.setattr(trainer, "fused_head_ok", lambda inputs: True)
+    model = bench.build_model_dir("tiny-llama", tmp_path / "model")
+    data = bench.write_text_dataset(tmp_path / "data.jsonl", 20, 40, 500)
+
+    class Logs(TrainerCallback):
+        def __init__(self):
+            self.logs = []
+            self.phase = []  # per kernel call: in a training step (True) or an evaluation (False)
+
+        def on_step_begin(self, args, state, control, **kw):
+            calls.append([])
+            self.phase.append(True)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            self.logs.append(dict(logs))
+
+    from toolbox_train.training import finetune
+
+    got = {}
+    for mode in ("loss", "deferred"):
+        calls.clear()
+        calls.append([])  # before the first step: none expected
+        rec = Logs()
+        out = tmp_path / mode
+        cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 48,
+                                                        "eval_split": 0.2},
+               "method": "lora", "backend": "hf",
+               "train": {"max_steps": 4, "per_device_batch_size": 2, "gradient_checkpointing": False, "seed": 0},
+               "output": {"dir": str(out), "progress_bar": False, "logging_steps": 2, "save_steps": 3,
+                          "eval_steps": 4}}
+        if mode != "loss":
+            cfg["output"]["step_metrics"] = mode
+        summary = finetune.run(cfg, callbacks=[rec], overwrite=True)
+        got[mode] = (rec.logs, summary, [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()],
+                     [list(c) for c in calls])
+    logs, summary, metrics, kernel_calls = got["loss"]
+    train = [lg for lg in logs if "loss" in lg]
+    evals = [lg for lg in logs if "eval_loss" in lg]
+    assert len(train) == 3 and evals  # steps 1, 2, 4; the eval at step 4
+    for lg in train:
+        assert "entropy" not in lg and "mean_token_accuracy" not in lg and lg["num_tokens"] > 0
+    assert "eval_entropy" in evals[0] and "eval_mean_token_accuracy" in evals[0]
+    # the training steps' kernel calls: log-probabilities only (an eval's calls, in step 4, ask for more)
+    train_calls = [c for step in kernel_calls[1:4] for c in step]
+    assert len(train_calls) == 3 and all("entropy" not in o and "is_top1" not in o for o in train_calls)
+    state = json.loads((tmp_path / "loss" / "checkpoints" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["log_history"] and not any("entropy" in h or "mean_token_accuracy" in h for h in state["log_history"])
+    assert not any("entropy" in m or "mean_token_accuracy" in m for m in metrics)
+    # the same training as `deferred`, which still computes both
+    d_logs, d_summary, d_metrics, d_calls = got["deferred"]
+    assert all("entropy" in o and "is_top1" in o for o in d_calls[1])
+    assert all("entropy" in lg for lg in d_logs if "loss" in lg)
+    assert [m["loss"] for m in metrics] == pytest.approx([m["loss"] for m in d_metrics], rel=1e-6)
+    assert [lg["num_tokens"] for lg in train] == [lg["num_tokens"] for lg in d_logs if "loss" in lg]
+    assert summary["tokens"] == d_summary["tokens"]

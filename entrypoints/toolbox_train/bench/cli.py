@@ -59,6 +59,10 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     h.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the report takes medians")
     h.add_argument("--out", type=Path, default=Path("bench-host"))
     h.add_argument("--workdir", type=Path)
+    h.add_argument("--vocab", type=int, help="the toy model's vocabulary (default 512; Qwen3's: 151936)")
+    h.add_argument("--fused-head", default="model", choices=["model", "torch"],
+                   help="finetune's loss on the CPU: the model's own (default), or TRL's fused-head path with a "
+                        "torch kernel, as on a GPU (so output.step_metrics' vocabulary work shows)")
     ls = sub.add_parser("list", help="print the row ids of a suite")
     ls.add_argument("--shapes", default="llama-1b")
     ls.add_argument("--suite", default="default", choices=list(SUITES))

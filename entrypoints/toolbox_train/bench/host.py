@@ -9,6 +9,13 @@ the host reads of tensor values per step (`.item()`, `.tolist()`, `bool()`, `flo
 tensor): on a GPU each one stops the host until the device has caught up. Timings from a shared
 CPU are noisy: the report gives medians of the repeats, the test checks that both numbers exist
 and that the reads are counted, never a timing.
+
+`--vocab N` gives the toy model a real vocabulary (Qwen3's 151,936) and `--fused-head torch` runs
+finetune's SFT loss through TRL's fused-head path, as on a GPU (on a CPU finetune otherwise takes the
+model's own loss: TRL's kernel is Triton), with the torch stand-in of objectives/logprob.py as the
+kernel: then the per-vocabulary work of each `output.step_metrics` mode shows. The stand-in computes
+what it is asked for in separate passes over the logits, where TRL's kernel and Unsloth's fold the
+entropy and the top-1 into their one pass: a CPU figure is the upper bound of that work, not a GPU's.
 """
 
 from __future__ import annotations
@@ -37,10 +44,14 @@ VARIANTS: dict[str, list[str]] = {
     "before-issue-26": ["train.optimizer=adamw_torch", "output.step_metrics=synced", "output.nan_inf_filter=true"],
     "foreach-adamw": ["train.optimizer=adamw_torch"],
     "synced-step-metrics": ["output.step_metrics=synced"],
+    "deferred-step-metrics": ["output.step_metrics=deferred"],  # TRL's entropy and top-1 accuracy computed
     "nan-inf-filter": ["output.nan_inf_filter=true"],
     "no-per-step-logging": ["output.logging_steps=1000000"],
     "no-grad-clipping": ["train.max_grad_norm=0"],
 }
+
+FUSED_HEADS = ("model", "torch")
+TOY_TOKENIZER_WORDS = 32768  # synthetic.build_tokenizer's word count at most: the data's ids stay below it
 
 _READS = ("item", "tolist", "__bool__", "__float__", "__int__")
 
@@ -69,10 +80,28 @@ def count_reads(counter: list[int]):
             setattr(torch.Tensor, name, fn)
 
 
-def toy_shape(shape: str) -> dict:
+@contextlib.contextmanager
+def torch_fused_head():
+    """finetune's SFT loss on TRL's fused-head path on the CPU, its kernel the torch stand-in (logprob.py)."""
+    from trl.trainer import utils
+
+    from ..training import trainer
+    from ..training.objectives.logprob import TorchLogProb
+
+    saved = utils._ChunkedLogProbFunction, trainer.fused_head_ok
+    utils._ChunkedLogProbFunction, trainer.fused_head_ok = TorchLogProb, (lambda inputs: True)
+    try:
+        yield
+    finally:
+        utils._ChunkedLogProbFunction, trainer.fused_head_ok = saved
+
+
+def toy_shape(shape: str, vocab: int | None = None) -> dict:
     if shape not in SHAPES:
         raise BenchError(f"--shape: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
     cfg = {**SHAPES[shape], **TOY_WIDTH}
+    if vocab:
+        cfg["vocab_size"] = vocab
     if "sliding_window" in cfg:
         cfg.update(sliding_window=64, query_pre_attn_scalar=16)
     return cfg
@@ -154,7 +183,8 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def _finetune(spec: dict, model_dir: Path, data: Path, work: Path, sets: Sequence[str]) -> dict:
+def _finetune(spec: dict, model_dir: Path, data: Path, work: Path, sets: Sequence[str],
+              fused_head: str = "model") -> dict:
     from ..training import finetune
 
     clock = _step_clock()
@@ -163,7 +193,8 @@ def _finetune(spec: dict, model_dir: Path, data: Path, work: Path, sets: Sequenc
     # checkpointing off as in the bare loop: finetune's `auto` turns it on on a CPU (no device memory known)
     base = ["train.gradient_checkpointing=false", "output.progress_bar=false"]
     try:
-        finetune.run(cfg, overrides=[*base, *sets], overwrite=True, callbacks=[clock])
+        with torch_fused_head() if fused_head == "torch" else contextlib.nullcontext():
+            finetune.run(cfg, overrides=[*base, *sets], overwrite=True, callbacks=[clock])
     finally:
         clock.on_train_end(None, None, None)  # the tensor methods restored even if the run failed
     w = spec["warmup"]
@@ -174,20 +205,23 @@ def _finetune(spec: dict, model_dir: Path, data: Path, work: Path, sets: Sequenc
 
 
 def run_host_overhead(shape: str, out: Path, workdir: Path, variants: Sequence[str], method: str = "lora",
-                      batch: int = 8, seq: int = 64, warmup: int = 3, steps: int = 10, repeats: int = 3) -> dict:
+                      batch: int = 8, seq: int = 64, warmup: int = 3, steps: int = 10, repeats: int = 3,
+                      vocab: int | None = None, fused_head: str = "model") -> dict:
     import torch
 
     for v in variants:
         if v not in VARIANTS:
             raise BenchError(f"--variants: unknown variant {v!r} (known: {', '.join(VARIANTS)})")
+    if fused_head not in FUSED_HEADS:
+        raise BenchError(f"--fused-head: {fused_head!r} is not one of {', '.join(FUSED_HEADS)}")
     torch.set_num_threads(1)  # the host's own work, not how many cores the toy arithmetic spreads over
-    cfg = toy_shape(shape)
+    cfg = toy_shape(shape, vocab)
     workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = workdir / f"model-{shape}-toy"
+    model_dir = workdir / f"model-{shape}-toy-v{cfg['vocab_size']}"
     if not model_dir.exists():
         build_model_dir(cfg, model_dir)
-    data = write_text_dataset(workdir / f"data-{seq}.jsonl", batch * (warmup + steps) + 8, seq + 8,
-                              cfg["vocab_size"])
+    words = min(cfg["vocab_size"], TOY_TOKENIZER_WORDS)
+    data = write_text_dataset(workdir / f"data-{seq}-v{words}.jsonl", batch * (warmup + steps) + 8, seq + 8, words)
     spec: dict[str, Any] = {"kind": "bare", "backend": "hf", "method": method, "shape": shape, "options": {},
                             "seq": seq, "batch": batch, "warmup": warmup, "steps": steps, "device": "cpu",
                             "dtype": "float32", "fused_adamw": True, "data": str(data),
@@ -196,7 +230,7 @@ def run_host_overhead(shape: str, out: Path, workdir: Path, variants: Sequence[s
     for r in range(repeats):  # interleaved: bare, each variant, then again
         runs["bare"].append(_bare(spec, model_dir))
         for v in variants:
-            runs[v].append(_finetune(spec, model_dir, data, workdir / f"run-{r}-{v}", VARIANTS[v]))
+            runs[v].append(_finetune(spec, model_dir, data, workdir / f"run-{r}-{v}", VARIANTS[v], fused_head))
     med = {k: {m: statistics.median(x[m] for x in xs) for m in xs[0]} for k, xs in runs.items()}
     bare = med["bare"]["step_s"]
     bare_cpu = med["bare"]["cpu_s"]
@@ -210,7 +244,8 @@ def run_host_overhead(shape: str, out: Path, workdir: Path, variants: Sequence[s
     import transformers
     import trl
 
-    res = {"shape": shape, "toy_config": cfg, "method": method, "batch": batch, "seq": seq, "warmup": warmup,
+    res = {"shape": shape, "toy_config": cfg, "vocab": cfg["vocab_size"], "fused_head": fused_head, "method": method,
+           "batch": batch, "seq": seq, "warmup": warmup,
            "steps": steps, "repeats": repeats, "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "versions": {"python": platform.python_version(), "torch": torch.__version__,
                         "transformers": transformers.__version__, "trl": trl.__version__},
@@ -222,8 +257,10 @@ def run_host_overhead(shape: str, out: Path, workdir: Path, variants: Sequence[s
 
 
 def render(res: dict) -> str:
-    lines = [f"host overhead per step, {res['shape']} layers at toy width, {res['method']}, batch {res['batch']} x "
-             f"seq {res['seq']}, CPU, median of {res['repeats']}", "",
+    head = {"model": "finetune's loss: the model's own (a CPU's)",
+            "torch": "finetune's loss: TRL's fused head, torch stand-in kernel"}[res.get("fused_head", "model")]
+    lines = [f"host overhead per step, {res['shape']} layers at toy width, vocab {res.get('vocab')}, {res['method']}, "
+             f"batch {res['batch']} x seq {res['seq']}, CPU, median of {res['repeats']}; {head}", "",
              "| run | options | host CPU ms / step | over bare | wall ms / step | over bare | host reads / step "
              "| collation ms / step |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
@@ -243,9 +280,11 @@ def main_host(args) -> int:
     for name in ("batch", "seq", "steps", "repeats"):
         if getattr(args, name) < 1:
             raise BenchError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+    if args.vocab is not None and args.vocab < 64:
+        raise BenchError(f"--vocab: must be >= 64, got {args.vocab}")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-host-"))
     res = run_host_overhead(args.shape, args.out, work, variants, args.method, args.batch, args.seq,
-                            args.warmup, args.steps, args.repeats)
+                            args.warmup, args.steps, args.repeats, args.vocab, args.fused_head)
     print(render(res), end="")
     print(json.dumps({"bare_cpu_ms": res["rows"][0]["cpu_ms"],
                       "finetune_cpu_ms": {r["variant"]: r["cpu_ms"] for r in res["rows"][1:]}}))

@@ -7,7 +7,7 @@
   lora         the PEFT LoRA config (which modules get adapters)
   sft_config   TrainConfig + Plan -> TRL's SFTConfig
   trainer      the SFTTrainer subclass (atomic checkpoints, LocalSGD, metrics)
-  step_metrics  its per-step metrics without a host sync per step
+  step_metrics  its per-step metrics without a host sync per step (entropy/accuracy: off by default)
   checkpoints  which checkpoint a run resumes from
   resume       whether a checkpoint belongs to this config (finetune --resume)
   runs         what a finished output folder holds (read by export and evaluate)

@@ -108,9 +108,12 @@ class OutputCfg(_Strict):
     keep_checkpoints: int = Field(2, gt=0, description="keep the newest K checkpoints")
     save: Literal["adapter", "merged", "both"] = "adapter"
     logging_steps: int = Field(1, gt=0)
-    step_metrics: Literal["deferred", "synced"] = Field(
-        "deferred", description="token count, entropy, token accuracy: summed on the device and read at each "
-        "log step (deferred), or read back every step as TRL and transformers do (synced: a host sync each)")
+    step_metrics: Literal["loss", "deferred", "synced"] = Field(
+        "loss", description="SFT's per-step metrics besides the loss. loss: no entropy or token accuracy "
+        "computed (TRL's fused LM head asked for the log-probabilities alone), the token counts summed on "
+        "the device and read at each log step; deferred: TRL's entropy and token accuracy too, summed on the "
+        "device and read at each log step; synced: all read back every step as TRL and transformers do (a "
+        "host sync each)")
     nan_inf_filter: bool = Field(False, description="transformers' per-step NaN/Inf loss filter (a host sync "
                                  "every step); off, a NaN/inf loss stops the run at the next log step")
     eval_steps: int | None = Field(None, gt=0)

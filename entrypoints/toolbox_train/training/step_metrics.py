@@ -1,21 +1,62 @@
-"""The SFT trainer's per-step metrics without a host sync per step (issue 26).
+"""The SFT trainer's per-step metrics without a host sync per step (issue 26), and without the ones
+nothing here reads.
 
 TRL's SFTTrainer reads its entropy, token accuracy and token count back to the host after every
 forward (`.item()`), and transformers its token count after every backward: each read stops the
 host until the device has caught up, so the kernels that follow start from an empty queue (on a
-small model, whose steps are short, the GPU then waits for the host). With `output.step_metrics:
-deferred` (the default) the same sums stay on the device and are read once per log step, where
-transformers reads the loss anyway; `synced` runs TRL's and transformers' own code.
+small model, whose steps are short, the GPU then waits for the host). The entropy and the top-1
+accuracy are also work on the device: TRL 1.15 asks its fused LM head for them on every forward
+(`add_fused_lm_head(..., outputs=("log_probs", "entropy", "is_top1"))`), and its kernel (or, under
+Unsloth, unsloth_zoo's `fused_linear_logprobs`) folds them into its pass over each vocabulary tile.
+`output.step_metrics`:
+
+- `loss` (the default): the head computes the log-probabilities alone, no entropy or accuracy is
+  computed or logged; the token counts are summed on the device and read at log steps.
+- `deferred`: TRL's entropy and accuracy too, summed on the device and read at log steps.
+- `synced`: TRL's and transformers' own per-step code.
+
+Only the training loss of SFT with `loss_type: nll` on TRL's fused head (a GPU) takes the first two;
+evaluation and the other losses run TRL's compute_loss, which logs its entropy and accuracy.
 """
 
 from __future__ import annotations
+
+import contextlib
+
+LOSS_ONLY_DROPS = ("entropy", "is_top1")  # the fused head's outputs that only feed TRL's metrics
+
+
+@contextlib.contextmanager
+def loss_only_head():
+    """TRL's fused head asks its kernel for the log-probabilities alone while inside (the outputs tuple
+    is fixed when TRL patches the model, so the kernel TRL looks up at each call is wrapped here)."""
+    from trl.trainer import utils
+
+    kernel = utils._ChunkedLogProbFunction
+
+    class LogProbsOnly:
+        @staticmethod
+        def apply(*args):
+            args = list(args)
+            if len(args) > 8:  # TRL 1.15: (hidden, weight, bias, targets, temperature, chunk, softcap, scale, outputs)
+                args[8] = tuple(o for o in args[8] if o not in LOSS_ONLY_DROPS)
+            return kernel.apply(*args)
+
+    utils._ChunkedLogProbFunction = LogProbsOnly
+    try:
+        yield
+    finally:
+        utils._ChunkedLogProbFunction = kernel
 
 
 class DeferredStepMetrics:
     """Mixed into the SFT Trainer (before SFTTrainer): the metrics TRL and transformers log, read at log steps."""
 
     def _deferred(self) -> bool:
-        return self.toolbox_plan.cfg.output.step_metrics == "deferred"
+        return self.toolbox_plan.cfg.output.step_metrics in ("deferred", "loss")
+
+    def _loss_only(self) -> bool:
+        return self.toolbox_plan.cfg.output.step_metrics == "loss"
 
     def _pend(self, **sums) -> None:
         pend = self.__dict__.setdefault("_pending_sums", {})
@@ -38,8 +79,9 @@ class DeferredStepMetrics:
             m, valid = self._metrics["train"], tot["valid"]
             m["entropy"].append(tot["entropy"] / valid if valid else 0.0)
             m["mean_token_accuracy"].append(tot["correct"] / valid if valid else 0.0)
+        if "batch_tokens" in tot:
             self._total_train_tokens += int(tot["batch_tokens"])
-            m["num_tokens"] = [self._total_train_tokens]
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
 
     def _track_num_input_tokens(self, inputs):
         # transformers.Trainer's count, without its `.item()`
@@ -84,17 +126,23 @@ class DeferredStepMetrics:
 
     def fused_nll_deferred(self, model, inputs, num_items_in_batch):
         """TRL 1.15's SFTTrainer.compute_loss for loss_type nll on its fused LM head (the same forward,
-        the same loss and scaling), with its metrics left on the device for flush_step_metrics."""
+        the same loss and scaling), with its metrics left on the device for flush_step_metrics; with
+        `step_metrics: loss` the head computes no entropy or accuracy (loss_only_head)."""
         import torch
 
         inputs["use_cache"] = False
-        out = model(**inputs, fused_lm_head=True)
+        loss_only = self._loss_only()
+        with loss_only_head() if loss_only else contextlib.nullcontext():
+            out = model(**inputs, fused_lm_head=True)
         n = out.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
         loss = (-out.log_probs).sum() / torch.as_tensor(n).clamp(min=1)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
         batch_tokens = (inputs["attention_mask"].sum() if "attention_mask" in inputs
                         else inputs["position_ids"].size(1))
-        self._pend(valid=out.label_mask.sum(), entropy=out.entropy.detach().sum(), correct=out.is_top1.sum(),
-                   batch_tokens=batch_tokens)
+        if loss_only:
+            self._pend(batch_tokens=batch_tokens)
+        else:
+            self._pend(valid=out.label_mask.sum(), entropy=out.entropy.detach().sum(), correct=out.is_top1.sum(),
+                       batch_tokens=batch_tokens)
         return loss
