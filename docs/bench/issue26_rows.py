@@ -2,10 +2,12 @@
 row (bench's own run_matrix), then the medians and ratios of each finetune row to its reference.
 
     [WARMUP=3 STEPS=10] python docs/bench/issue26_rows.py OUT TIMEOUT_S GROUP [GROUP ...]
+    python docs/bench/issue26_rows.py --summary OUT GROUP [GROUP ...]
 
 GROUP: `N*ROW,ROW,...` runs the listed rows N times in turn (ROW,ROW,ROW,ROW,...); a ROW is bench's
 row id, `shape/kind-backend-method[+opt][+no-opt][+opt=value]`. The pairs read as: each finetune row
-against the bare row listed just before it in its group.
+against the last bare (or trl) row listed before it in its group. `--summary` writes the medians and
+ratios from OUT/results.json alone (a run cut by a time limit: the rows it finished).
 """
 
 from __future__ import annotations
@@ -38,19 +40,35 @@ def parse_row(text: str) -> Row:
     return Row(kind, backend, method, shape, opts, label=text)
 
 
-def main(argv: list[str]) -> int:
-    out, timeout, groups = Path(argv[0]), float(argv[1]), argv[2:]
+def plan_rows(groups: list[str]) -> tuple[list[Row], list[tuple[str, str]]]:
     rows, pairs = [], []
     for g in groups:
         n, _, ids = g.rpartition("*")
         members = [parse_row(x) for x in ids.split(",")]
-        for i, r in enumerate(members):
-            if r.kind == "finetune" and i and members[i - 1].kind != "finetune":
-                pairs.append((members[i - 1].id, r.id))
+        ref = None
+        for r in members:
+            if r.kind != "finetune":
+                ref = r
+            elif ref is not None:
+                pairs.append((ref.id, r.id))
         rows += members * int(n or 1)
+    return rows, pairs
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--summary":
+        out = Path(argv[1])
+        _, pairs = plan_rows(argv[2:])
+        return summarize(json.loads((out / "results.json").read_text()), pairs, out)
+    out, timeout, groups = Path(argv[0]), float(argv[1]), argv[2:]
+    rows, pairs = plan_rows(groups)
     res = run_matrix(rows, out, row_timeout=timeout, workdir=Path("/tmp/bench-work"),
                      warmup=int(os.environ.get("WARMUP", 3)), steps=int(os.environ.get("STEPS", 10)),
                      command="docs/bench/issue26_rows.py " + " ".join(argv))
+    return summarize(res, pairs, out)
+
+
+def summarize(res: dict, pairs: list[tuple[str, str]], out: Path) -> int:
     by: dict[str, list[dict]] = {}
     for r in res["rows"]:
         by.setdefault(r["id"], []).append(r)
