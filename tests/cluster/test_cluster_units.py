@@ -199,3 +199,38 @@ def test_unknown_host_key_names_the_file_and_the_line_to_add():
     assert msg.startswith("gpu2: host key not in known_hosts, refusing to connect: no line for [10.0.0.2]:2222")
     assert "in /home/u/.ssh/known_hosts (searched /home/u/.ssh/known_hosts, /etc/ssh/ssh_known_hosts)" in msg
     assert "`ssh-keyscan -p 2222 -t ecdsa 10.0.0.2 >> /home/u/.ssh/known_hosts`" in msg
+
+
+@pytest.mark.parametrize("via, target", [("toolbx", "strix"), ("distrobox", "strix"), ("podman", "localhost/t:x")])
+def test_ray_node_setup_crosses_into_the_container_by_file_not_environment(via, target, monkeypatch, tmp_path):
+    """`cluster ray up`: the host writes the token and the node's environment (0600) into the Ray
+    folder before the container is entered; neither value is on the command line. The files are
+    written and sourced here for real, values with quotes and spaces included."""
+    import argparse
+    import stat
+
+    from toolbox.cluster.ray_nodes import _node
+
+    monkeypatch.setenv("HF_TOKEN", "hf_it's a \"secret\" $HOME")
+    info = HostInfo(Host("n2", "n2", ifname="enp1"), addrs=[("enp1", "10.0.0.2")], devices=["/dev/kfd"])
+    args = argparse.Namespace(env=[], remote_path=None, workdir=None, transport="ethernet", cpu=False, num_gpus=1,
+                              ray_dir=str(tmp_path / "ray-{node_rank}"), port=6379, via=via)
+    argv, env = _node(args, info, 1, "10.0.0.1:6379", "t0ken" * 8, target)
+    joined = " ".join(argv)
+    assert "t0ken" not in joined and "secret" not in joined and env["RAY_AUTH_TOKEN"] == "t0ken" * 8
+    assert argv[:2] == ["sh", "-c"] and argv[4] == str(tmp_path / "ray-1")  # PREP on the host, then the node
+    node = argv[5:]
+    if via == "podman":
+        assert "podman run -d" in node[2] and "toolbox-ray-6379-n2" in node and "/dev/kfd" in node
+    else:
+        assert node[:3] == (["toolbox", "run", "--container", "strix"] if via == "toolbx"
+                            else ["distrobox", "enter", "strix", "--"])[:3]
+    # PREP for real, its last step replaced by a shell that reads what the node would source.
+    prep = argv[:5] + ["sh", "-c", '. "$1/node.env"; printf "%s|%s|%s" "$HF_TOKEN" "$GLOO_SOCKET_IFNAME" '
+                       '"${RAY_AUTH_TOKEN:-unset}"', "x", argv[4]]
+    out = subprocess.run(prep, env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, check=True)
+    assert out.stdout == "hf_it's a \"secret\" $HOME|enp1|unset"
+    for name in ("auth_token", "node.env"):
+        f = tmp_path / "ray-1" / name
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert (tmp_path / "ray-1" / "auth_token").read_text() == "t0ken" * 8

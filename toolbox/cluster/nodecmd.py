@@ -61,6 +61,22 @@ def node_env(info: HostInfo, rank: int, run_id: str, transport: str, extra_names
     return env
 
 
+def podman_options(info: HostInfo, transport: str, workdir: str | None) -> list[str]:
+    """`podman run` options for a node's container: the host's network and IPC, its GPUs and
+    RDMA devices, and the work folder at the same path."""
+    run = ["--network", "host", "--ipc", "host"]
+    if "/dev/kfd" in info.devices:
+        run += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "keep-groups",
+                "--security-opt", "seccomp=unconfined"]
+    if "/dev/nvidiactl" in info.devices:
+        run += ["--device", "nvidia.com/gpu=all"]
+    if transport == "rdma" and "/dev/infiniband" in info.devices:
+        run += ["--device", "/dev/infiniband", "--ulimit", "memlock=-1:-1"]
+    if workdir:
+        run += ["-v", f"{workdir}:{workdir}", "-w", workdir]
+    return run
+
+
 def wrap_via(via: str, target: str, info: HostInfo, env: dict[str, str], argv: list[str],
              transport: str, workdir: str | None) -> list[str]:
     if via == "none":
@@ -69,16 +85,7 @@ def wrap_via(via: str, target: str, info: HostInfo, env: dict[str, str], argv: l
     if via == "podman":
         name = f"toolbox-{env['TOOLBOX_CLUSTER_RUN']}-{env['TOOLBOX_NODE_RANK']}"
         env["TOOLBOX_CONTAINER"] = name  # the node wrapper stops it by name
-        run = ["podman", "run", "--rm", "--network", "host", "--ipc", "host", "--name", name]
-        if "/dev/kfd" in info.devices:
-            run += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "keep-groups",
-                    "--security-opt", "seccomp=unconfined"]
-        if "/dev/nvidiactl" in info.devices:
-            run += ["--device", "nvidia.com/gpu=all"]
-        if transport == "rdma" and "/dev/infiniband" in info.devices:
-            run += ["--device", "/dev/infiniband", "--ulimit", "memlock=-1:-1"]
-        if workdir:
-            run += ["-v", f"{workdir}:{workdir}", "-w", workdir]
+        run = ["podman", "run", "--rm", "--name", name, *podman_options(info, transport, workdir)]
         for n in names:
             run += ["-e", n]  # NAME alone: podman copies the value from its own environment
         return run + [target, *argv]

@@ -1,12 +1,14 @@
 """`toolbox cluster ray up|status|down`: a Ray cluster on the `toolbox cluster` hosts, for
 `launch --engine ray`.
 
-Over the same SSH host list, each host runs `ray start --block` in the toolbox container (or bare
-with --via none) as the SSH user, in a session of its own, with the network settings `launch`
-derives for that host (GLOO/NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE, or the RDMA HCA/GID/GDR level)
-in its environment, which Ray's workers inherit. Read against ray 2.60.0:
+Over the same SSH host list, each host runs `ray start --block` as the SSH user: the main process
+of a detached container (--via podman), or in a session of its own in the toolbx/distrobox
+container or bare (--via none), with the network settings `launch` derives for that host
+(GLOO/NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE, or the RDMA HCA/GID/GDR level) in its environment,
+which Ray's workers inherit. Read against ray 2.60.0:
 - token authentication on (RAY_AUTH_MODE=token); the token travels on the SSH channel's stdin
-  like the other secrets and lands in a 0600 file in the node's Ray folder (RAY_AUTH_TOKEN_PATH);
+  like the other secrets and the host writes it to a 0600 file in the node's Ray folder
+  (RAY_AUTH_TOKEN_PATH), with the node's environment beside it, before any container is entered;
 - --node-ip-address always (without it `ray start --head` asks the routing table about
   8.8.8.8:53), and the workers join the head's cluster address;
 - --num-gpus always: Ray counts AMD GPUs through the `amdsmi` Python package (2.60's pyamdsmi
@@ -21,15 +23,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
+import shlex
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
 
-from toolbox.cluster.nodecmd import node_env, substitute, wrap_via
+from toolbox.cluster.nodecmd import node_env, podman_options, substitute, wrap_via
 from toolbox.cluster.probe import HostInfo
-from toolbox.errors import ToolError, UserError
+from toolbox.errors import ToolError
 from toolbox.paths import state_dir
 from toolbox_train.distributed import rdma
 
@@ -40,38 +44,80 @@ alive() { [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1
   && tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null | grep -q "ray start"; }
 """
 
-# $1 role, $2 node IP, $3 head address, $4 port, $5 Ray folder, $6 GPUs ("" = count them).
-START = ALIVE + r"""
-role=$1 ip=$2 head=$3 port=$4 dir=$5 gpus=$6
+# On the host, before any container is entered: the token (0600) and the node's environment
+# (its network settings, the --env variables: a 0600 file, sourced by the node) into its Ray
+# folder, which the container shares (podman: mounted; toolbx/distrobox: a path they share with
+# the host). So neither depends on what a container lets through: toolbx passes only its own set
+# of variables. $1 Ray folder; the rest is the command to run next.
+PREP = r"""
+dir=$1; shift
 umask 077
 mkdir -p "$dir" || exit 1
-pidf=$dir/toolbox-ray.pid log=$dir/toolbox-ray.log
-if [ -f "$pidf" ] && alive "$(cat "$pidf")"; then echo "ray: already running (pid $(cat "$pidf"))"; exit 0; fi
-if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
-  echo "ray: the cluster token did not reach this shell (toolbx passes only its own set of variables into the container): use --via distrobox or none"; exit 1
-fi
-printf '%s' "$RAY_AUTH_TOKEN" > "$dir/auth_token" || exit 1
-unset RAY_AUTH_TOKEN
+printf '%s' "$RAY_AUTH_TOKEN" > "$dir/auth_token.new" && mv -f "$dir/auth_token.new" "$dir/auth_token" || exit 1
+printf '%s\n' "$TOOLBOX_RAY_NODE_ENV" > "$dir/node.env.new" && mv -f "$dir/node.env.new" "$dir/node.env" || exit 1
+unset RAY_AUTH_TOKEN TOOLBOX_RAY_NODE_ENV
+exec "$@"
+"""
+
+# Where the node runs Ray (bare, or in its container): $1 role, $2 node IP, $3 head address,
+# $4 port, $5 Ray folder, $6 GPUs ("" = count them). Leaves `ray start` ARGS in "$@".
+RAY_ARGS = r"""
+role=$1 ip=$2 head=$3 port=$4 dir=$5 gpus=$6
+log=$dir/toolbox-ray.log
+. "$dir/node.env" || exit 1
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$dir/auth_token" RAY_USAGE_STATS_ENABLED=0
 if [ -z "$gpus" ]; then
   gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null) || { echo "ray: cannot count GPUs (python3 -c 'import torch' failed)"; exit 1; }
 fi
 if [ "$role" = head ]; then set -- --head --port "$port" --include-dashboard false; else set -- --address "$head"; fi
-setsid ray start "$@" --node-ip-address "$ip" --num-gpus "$gpus" --disable-usage-stats --temp-dir "$dir" --block </dev/null >"$log" 2>&1 &
-pid=$!
-echo "$pid" > "$pidf"
+set -- "$@" --node-ip-address "$ip" --num-gpus "$gpus" --disable-usage-stats --temp-dir "$dir" --block
+"""
+
+# Waits for $log to say Ray started while `running` holds ($what: what runs it).
+WAIT = r"""
 i=0
 while [ "$i" -lt 900 ]; do
-  if grep -q "Ray runtime started" "$log"; then echo "ray: started (pid $pid, $gpus GPU(s), $ip)"; exit 0; fi
-  alive "$pid" || break
+  if grep -q "Ray runtime started" "$log"; then echo "ray: started ($what, ${gpus:-all} GPU(s), $ip)"; exit 0; fi
+  running || break
   sleep 0.2; i=$((i + 1))
 done
-echo "ray: did not start; the end of $log:"; tail -n 8 "$log"; rm -f "$pidf"; exit 1
+echo "ray: did not start; the end of $log:"; tail -n 8 "$log"
+"""
+
+# Bare or in a toolbx/distrobox container (they share the host's process table): `ray start
+# --block` in a session of its own, its pid in the Ray folder.
+START = ALIVE + RAY_ARGS + r"""
+pidf=$dir/toolbox-ray.pid
+if [ -f "$pidf" ] && alive "$(cat "$pidf")"; then echo "ray: already running (pid $(cat "$pidf"))"; exit 0; fi
+setsid ray start "$@" </dev/null >"$log" 2>&1 &
+pid=$! what="pid $!"
+echo "$pid" > "$pidf"
+running() { alive "$pid"; }
+""" + WAIT + r"""rm -f "$pidf"; exit 1
+"""
+
+# --via podman: a detached container per node whose main process is `ray start --block` (podman
+# stop = TERM to it: Ray drains and stops what it started). On the host: $1-$6 as RAY_ARGS,
+# $7 container name, $8 image, $9 the script run in it (FOREGROUND), then `podman run` options.
+PODMAN_START = r"""
+name=$7 image=$8 script=$9 dir=$5 gpus=$6 ip=$2 log=$5/toolbox-ray.log what="container $7"
+running() { [ "$(podman container inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; }
+if running; then echo "ray: already running (container $name)"; exit 0; fi
+podman rm -f "$name" >/dev/null 2>&1
+: > "$log"
+a1=$1 a2=$2 a3=$3 a4=$4 a5=$5 a6=$6; shift 9
+podman run -d --name "$name" -v "$dir:$dir" "$@" "$image" sh -c "$script" toolbox-ray \
+  "$a1" "$a2" "$a3" "$a4" "$a5" "$a6" >/dev/null || { echo "ray: podman run failed"; exit 1; }
+""" + WAIT + r"""podman logs "$name" 2>&1 | tail -n 4; podman rm -f "$name" >/dev/null 2>&1; exit 1
+"""
+FOREGROUND = RAY_ARGS + r"""
+exec ray start "$@" </dev/null >"$log" 2>&1
 """
 
 # $1 Ray folder. `ray start --block` drains and stops all it started on TERM.
 STOP = r"""
 dir=$1 pidf=$1/toolbox-ray.pid
+rm -f "$dir/auth_token" "$dir/node.env"
 [ -f "$pidf" ] || { echo "ray: not running"; exit 0; }
 pid=$(cat "$pidf")
 if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "ray start"; then
@@ -82,15 +128,34 @@ if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "r
 else
   echo "ray: not running (stale pid file)"
 fi
-rm -f "$pidf" "$dir/auth_token"
+rm -f "$pidf"
 """
 
-# $1 Ray folder, $2 head address (on the head only).
+# $1 Ray folder, $2 container name.
+PODMAN_STOP = r"""
+rm -f "$1/auth_token" "$1/node.env"
+if podman container exists "$2"; then
+  podman stop -t 50 "$2" >/dev/null 2>&1; podman rm -f "$2" >/dev/null 2>&1; echo "ray: stopped (container $2)"
+else
+  echo "ray: not running"
+fi
+"""
+
+# On the host: whether the node's Ray runs; then (on the head) the command after the first
+# argument(s), `ray status` where Ray is. $1 Ray folder (STATUS) or container name (PODMAN_STATUS).
 STATUS = ALIVE + r"""
-dir=$1 pidf=$1/toolbox-ray.pid
+pidf=$1/toolbox-ray.pid; shift
 if [ -f "$pidf" ] && alive "$(cat "$pidf")"; then echo "ray: running (pid $(cat "$pidf"))"; else echo "ray: not running"; exit 3; fi
-[ -n "$2" ] || exit 0
-RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$dir/auth_token" ray status --address "$2"
+[ "$#" -eq 0 ] || exec "$@"
+"""
+PODMAN_STATUS = r"""
+name=$1; shift
+if [ "$(podman container inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; then
+  echo "ray: running (container $name)"; else echo "ray: not running"; exit 3; fi
+[ "$#" -eq 0 ] || exec "$@"
+"""
+# $1 Ray folder, $2 head address.
+RAY_STATUS = r"""RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$1/auth_token" exec ray status --address "$2"
 """
 
 
@@ -126,18 +191,32 @@ def _network_env(info: HostInfo, transport: str) -> dict[str, str]:
     return env
 
 
-def _node(args, info: HostInfo, rank: int, head: str, token: str) -> tuple[list[str], dict[str, str]]:
+def container_name(args, info: HostInfo) -> str:
+    """--via podman: the node's container, by port and host (test hosts can share one podman)."""
+    return f"toolbox-ray-{args.port}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", info.host.destination)
+
+
+def _node(args, info: HostInfo, rank: int, head: str, token: str, target: str) -> tuple[list[str], dict[str, str]]:
+    """The host's command for `up` and its environment (sent on the SSH channel's stdin)."""
     env = node_env(info, rank, "ray", args.transport, list(args.env or []), args.remote_path, args.workdir)
     env.pop("TOOLBOX_NODE_ID", None)  # the Ray processes outlive this SSH call on purpose
     env.update(_network_env(info, args.transport))
-    env["RAY_AUTH_TOKEN"] = token
     ip = info.addr_on(info.host.ifname) if info.host.ifname else None
     if not ip:
         raise ToolError(f"{info.host.destination}: no IPv4 address on {info.host.ifname}")
     gpus = "0" if args.cpu else ("" if args.num_gpus is None else str(args.num_gpus))
-    argv = ["sh", "-c", START, "toolbox-ray", "head" if rank == 0 else "worker", ip, head, str(args.port),
-            ray_dir(args, rank, info), gpus]
-    return argv, env
+    folder = ray_dir(args, rank, info)
+    ray_args = ["head" if rank == 0 else "worker", ip, head, str(args.port), folder, gpus]
+    if args.via == "podman":
+        node = ["sh", "-c", PODMAN_START, "toolbox-ray", *ray_args, container_name(args, info), target, FOREGROUND,
+                *podman_options(info, args.transport, args.workdir)]
+    else:
+        node = wrap_via(args.via, target, info, dict(env), ["sh", "-c", START, "toolbox-ray", *ray_args],
+                        args.transport, args.workdir)
+    # What the node's Ray (and so every worker) runs with, as one line of `export`s for node.env.
+    node_file = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+    return ["sh", "-c", PREP, "toolbox-ray-prep", folder, *node], {
+        **env, "RAY_AUTH_TOKEN": token, "TOOLBOX_RAY_NODE_ENV": node_file}
 
 
 def ray_dir(args, rank: int, info: HostInfo) -> str:
@@ -148,19 +227,14 @@ def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
-def _run(ssh, args, target: str, info: HostInfo, argv: list[str], env: dict[str, str], timeout: float = 240):
-    cmd = wrap_via(args.via, target, info, dict(env), argv, args.transport, args.workdir)
-    proc = ssh.run(info.host, cmd, env=env, timeout=timeout)
+def _run(ssh, info: HostInfo, argv: list[str], env: dict[str, str], timeout: float = 240):
+    proc = ssh.run(info.host, argv, env=env, timeout=timeout)
     return proc.returncode, (proc.stdout + proc.stderr).decode(errors="replace").strip()
 
 
 def _prepare(args):
     from toolbox.cluster.app import _setup, _verify_same
 
-    if args.via == "podman":
-        # `podman run --rm` ends with its SSH call; a detached container per node is not done yet.
-        raise UserError("--via podman: not supported by `cluster ray` yet; start the toolbox container on each "
-                        "host (toolbx or distrobox) and pass --via toolbx|distrobox --container NAME")
     console = _console()
     hosts, ssh, prober, target = _setup(args)
     infos, master_addr = prober.probe_all(hosts)
@@ -172,11 +246,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     console, ssh, infos, master_addr, target = _prepare(args)
     head = f"{master_addr}:{args.port}"
     token = cluster_token()
-    nodes = [_node(args, info, rank, head, token) for rank, info in enumerate(infos)]
+    nodes = [_node(args, info, rank, head, token, target) for rank, info in enumerate(infos)]
 
     def start(rank: int) -> tuple[int, str]:
         argv, env = nodes[rank]
-        return _run(ssh, args, target, infos[rank], argv, env)
+        return _run(ssh, infos[rank], argv, env)
 
     results = {0: start(0)}  # the head first: the others join it
     if results[0][0] == 0:
@@ -202,13 +276,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _host_env(args) -> dict[str, str]:
+    """What the host's shell needs for down/status: the PATH prefix, and --env (e.g. podman's config)."""
+    env = {"TOOLBOX_PATH_PREFIX": args.remote_path} if args.remote_path else {}
+    env.update({n: os.environ[n] for n in args.env or [] if n in os.environ})
+    return env
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     console, ssh, infos, _, target = _prepare(args)
 
     def stop(rank: int) -> tuple[int, str]:
         info = infos[rank]
-        env = {"TOOLBOX_PATH_PREFIX": args.remote_path} if args.remote_path else {}
-        return _run(ssh, args, target, info, ["sh", "-c", STOP, "toolbox-ray", ray_dir(args, rank, info)], env, 90)
+        folder = ray_dir(args, rank, info)
+        # On the host: the container's process (toolbx/distrobox share its process table) or the container.
+        argv = (["sh", "-c", PODMAN_STOP, "toolbox-ray", folder, container_name(args, info)] if args.via == "podman"
+                else ["sh", "-c", STOP, "toolbox-ray", folder])
+        return _run(ssh, info, argv, _host_env(args), 90)
 
     failed = []
     # Workers first, the head last: nodes drain towards a head that is still there.
@@ -229,10 +313,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     console, ssh, infos, master_addr, target = _prepare(args)
     down = []
     for rank, info in enumerate(infos):
-        env = {"TOOLBOX_PATH_PREFIX": args.remote_path} if args.remote_path else {}
-        argv = ["sh", "-c", STATUS, "toolbox-ray", ray_dir(args, rank, info),
-                f"{master_addr}:{args.port}" if rank == 0 else ""]
-        code, out = _run(ssh, args, target, info, argv, env, 120)
+        folder = ray_dir(args, rank, info)
+        then = []
+        if rank == 0:  # `ray status` from the head, where Ray is installed
+            ray_status = ["sh", "-c", RAY_STATUS, "toolbox-ray-status", folder, f"{master_addr}:{args.port}"]
+            then = (["podman", "exec", container_name(args, info), *ray_status] if args.via == "podman"
+                    else wrap_via(args.via, target, info, {}, ray_status, args.transport, None))
+        argv = (["sh", "-c", PODMAN_STATUS, "toolbox-ray", container_name(args, info), *then] if args.via == "podman"
+                else ["sh", "-c", STATUS, "toolbox-ray", folder, *then])
+        code, out = _run(ssh, info, argv, _host_env(args), 120)
         for line in out.splitlines():
             console.print(f"[{info.host.destination}] {line}", markup=False)
         if code != 0:
