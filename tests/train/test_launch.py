@@ -212,3 +212,20 @@ def test_a_rank_aborting_after_the_run_finished_is_a_warning_not_a_failure(tmp_p
         assert r.returncode != 0 and "launch: warning" not in r.stderr, r.stderr[-4000:]
         assert "SIGABRT" in r.stderr and (out / "checkpoints").is_dir(), r.stderr[-4000:]
         assert not (out / "summary.json").exists()
+
+
+def test_ray_workers_get_the_fsdp2_settings_torchrun_ranks_get(tmp_path, tiny_models):
+    """launch --engine ray hands each Ray worker the environment `accelerate launch` gives a rank
+    (accelerate's own prepare_multi_gpu_env over the node's accelerate config): for FSDP2, the
+    plugin settings transformers' Accelerator reads; torchrun's rendezvous left to Ray."""
+    from toolbox_train.distributed.ray_engine import accelerate_env
+
+    out = tmp_path / "out"
+    cfg = _cfg(tmp_path, tiny_models("qwen3"), out, **{"train.batch_size": 16})
+    assert launch.main(["--strategy", "fsdp", "--nproc", "4", "--dry-run", "--", "finetune", "--config",
+                        str(cfg)]) == 0
+    env = accelerate_env(out / "launch" / "accelerate.node0.yaml")
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+    assert "Qwen3DecoderLayer" in env["FSDP_TRANSFORMER_CLS_TO_WRAP"].split(",")
+    assert env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"
+    assert not {"MASTER_ADDR", "MASTER_PORT", "PYTHONPATH"} & env.keys()
