@@ -85,6 +85,11 @@ class TrainCfg(_Strict):
     gradient_checkpointing: bool | Literal["unsloth", "auto"] = Field(
         "auto", description="auto: off where the memory plan fits the device with a margin (faster), else on")
     liger: bool | Literal["auto"] = "auto"
+    lm_head_tokens: Literal["all", "labelled"] = Field(
+        "all", description="SFT's training loss on TRL's fused LM head: all: every position through the head, "
+        "the unlabelled ones' log-probabilities zeroed (no host sync, as the bare loops); labelled: only the "
+        "labelled positions (TRL's own boolean-mask gather: a host sync in the forward and one in the backward, "
+        "less head work where many tokens are unlabelled, e.g. prompts under completion-only loss or padding)")
 
     @field_validator("max_steps")
     @classmethod

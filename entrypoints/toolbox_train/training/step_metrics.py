@@ -17,6 +17,10 @@ Unsloth, unsloth_zoo's `fused_linear_logprobs`) folds them into its pass over ea
 
 Only the training loss of SFT with `loss_type: nll` on TRL's fused head (a GPU) takes the first two;
 evaluation and the other losses run TRL's compute_loss, which logs its entropy and accuracy.
+
+That loss also leaves out TRL's boolean-mask gather of the labelled positions (`train.lm_head_tokens:
+all`, sync_free_head): a mask index syncs in the forward and in its backward; tests/train/test_host_syncs.py
+counts what a step still syncs.
 """
 
 from __future__ import annotations
@@ -47,6 +51,91 @@ def loss_only_head():
         yield
     finally:
         utils._ChunkedLogProbFunction = kernel
+
+
+# What TRL 1.15's add_fused_lm_head closes its forward over (read back, so that the model-specific logit
+# scale and softcap are TRL's own and not a copy that could drift from it).
+_TRL_HEAD_CELLS = frozenset({"backbone_attr", "temperature", "cast_lm_head_to_fp32", "final_logit_softcapping",
+                             "logit_scale", "text_config", "outputs"})
+
+
+def trl_head_settings(module) -> dict | None:
+    """The settings of TRL's fused forward patched onto `module` (an instance attribute), or None."""
+    fn = getattr(module.__dict__.get("forward"), "__func__", None)
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_name != "_fused_forward" or not fn.__closure__:
+        return None
+    try:
+        cells = {k: c.cell_contents for k, c in zip(code.co_freevars, fn.__closure__)}
+    except ValueError:  # an empty cell
+        return None
+    return cells if _TRL_HEAD_CELLS <= cells.keys() else None
+
+
+def all_positions_forward(trl_forward, cfg: dict):
+    """TRL's fused-head forward without its boolean-mask gather (`hidden_states[mask]`, `labels[mask]`):
+    a mask index has a data-dependent size, so it reads the mask's count back to the host (a sync) in the
+    forward and again in its backward (index_put). Here every position goes through the head, the
+    unlabelled ones with target 0, and their outputs are zeroed (torch.where: no gradient reaches them):
+    the same per-token outputs, loss and gradients, and no sync. MoE router losses and FSDP2's DTensor
+    head take TRL's forward."""
+
+    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):
+        import torch
+        from torch.distributed.tensor import DTensor
+        from trl.trainer import utils
+
+        head = self.get_output_embeddings()
+        if (not fused_lm_head or getattr(cfg["text_config"], "output_router_logits", False)
+                or isinstance(head.weight, DTensor)):
+            return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
+                               num_items_in_batch=num_items_in_batch, **kw)
+        kw["use_cache"] = False
+        hidden = getattr(self, cfg["backbone_attr"])(*args, **kw).last_hidden_state
+        if shift_labels is None:
+            hidden, labels = hidden[:, :-1], labels[:, 1:]
+        else:
+            labels = shift_labels
+        hidden, labels = hidden.to(head.weight.device), labels.to(head.weight.device)
+        mask = labels != -100
+        autocast = contextlib.nullcontext()
+        if cfg["cast_lm_head_to_fp32"]:
+            hidden = hidden.float()
+            autocast = torch.autocast(hidden.device.type, enabled=False)
+        with autocast, utils.maybe_gather_lm_head_ctx(head.weight, head.bias):
+            per_token = utils._ChunkedLogProbFunction.apply(
+                hidden.reshape(-1, hidden.size(-1)), head.weight, head.bias, labels.masked_fill(~mask, 0).reshape(-1),
+                cfg["temperature"], utils._CHUNKED_LOGPROB_CHUNK_SIZE, cfg["final_logit_softcapping"],
+                cfg["logit_scale"], cfg["outputs"])
+        log_probs, entropy, sq, mean, top1 = (
+            None if x is None else torch.where(mask, x.view(mask.shape), x.new_zeros(())) for x in per_token)
+        n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        return utils.FusedCausalLMOutput(loss=-log_probs.sum() / n, log_probs=log_probs, entropy=entropy,
+                                         log_sum_sq_probs=sq, mean_logits=mean, is_top1=top1, label_mask=mask)
+
+    return forward
+
+
+def trl_head_owner(model):
+    """The module of `model` that carries TRL's fused forward (under PEFT and DDP wrappers), or None."""
+    return next((m for m in model.modules() if trl_head_settings(m) is not None), None)
+
+
+@contextlib.contextmanager
+def sync_free_head(owner):
+    """While inside, `owner` (trl_head_owner's) runs all_positions_forward; None: nothing changed (not TRL
+    1.15's forward: another TRL, or a backend's own head)."""
+    import types
+
+    if owner is None:
+        yield
+        return
+    trl_forward = owner.__dict__["forward"]
+    owner.forward = types.MethodType(all_positions_forward(trl_forward, trl_head_settings(owner)), owner)
+    try:
+        yield
+    finally:
+        owner.forward = trl_forward
 
 
 class DeferredStepMetrics:
@@ -116,6 +205,17 @@ class DeferredStepMetrics:
         ids = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
         return 6 * ids.numel() * n if ids is not None else 0
 
+    def _head_owner(self, model):
+        cached = self.__dict__.get("_trl_head")
+        if cached is None or cached[0] is not model:  # found once, not a walk over the modules per step
+            from ..planning.checks import log
+
+            cached = self._trl_head = (model, trl_head_owner(model))
+            log("train.lm_head_tokens: all: " + ("TRL's fused LM head over every position, no mask gather"
+                if cached[1] is not None else "TRL 1.15's fused forward not found on the model, its head "
+                "runs as it is (a boolean-mask gather, a host sync)"))
+        return cached[1]
+
     def deferrable_loss(self, model, inputs, return_outputs) -> bool:
         """The one loss computed here: TRL's NLL on its fused head, in training; everything else is TRL's."""
         pc = getattr(self.accelerator, "parallelism_config", None)
@@ -132,7 +232,9 @@ class DeferredStepMetrics:
 
         inputs["use_cache"] = False
         loss_only = self._loss_only()
-        with loss_only_head() if loss_only else contextlib.nullcontext():
+        all_tokens = self.toolbox_plan.cfg.train.lm_head_tokens == "all"
+        with (loss_only_head() if loss_only else contextlib.nullcontext(),
+              sync_free_head(self._head_owner(model)) if all_tokens else contextlib.nullcontext()):
             out = model(**inputs, fused_lm_head=True)
         n = out.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
         loss = (-out.log_probs).sum() / torch.as_tensor(n).clamp(min=1)

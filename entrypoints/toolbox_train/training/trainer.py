@@ -7,7 +7,6 @@ used, must be imported before them, which `plan` does).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
@@ -203,8 +202,8 @@ class Toolbox:
         import torch
 
         bad = self._nonfinite if self._nonfinite is not None else torch.zeros((), device=self.args.device)
-        if grad_norm is not None and not math.isfinite(float(grad_norm)):
-            bad = bad + 1
+        if grad_norm is not None:  # on the device: one read below, not one for the norm and one for the count
+            bad = bad + (~torch.as_tensor(grad_norm, device=bad.device).isfinite()).to(bad.dtype)
         if self.accelerator.num_processes > 1:  # every rank stops, or none does
             bad = self.accelerator.reduce(bad.to(self.args.device), reduction="sum")
         if int(bad) == 0:
