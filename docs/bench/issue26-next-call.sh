@@ -2,6 +2,7 @@
 # issue 26, prepared for the next session's device calls (not run yet). Two calls, each under the 600 s limit:
 #   bash docs/bench/issue26-next-call.sh qwen3   # call A: the qwen3-0.6b pair with the new default
 #   bash docs/bench/issue26-next-call.sh rest    # call B: what calls 1-3 left
+#   bash docs/bench/issue26-next-call.sh qwen3-head  # call C: the fused head's mask gather (train.lm_head_tokens)
 # A) qwen3-0.6b Unsloth LoRA, batch 8, seq 2048: bare, finetune with its defaults (output.step_metrics: loss,
 #    no entropy/top-1 asked of the fused head) and finetune with step_metrics=deferred (the previous default:
 #    entropy and top-1 computed every step), three interleaved repeats, medians; ratios of both finetune rows
@@ -11,20 +12,26 @@
 #       its profile), to see what of finetune's step the bare Unsloth loop does not do;
 #    2) llama-1b Unsloth LoRA, finetune vs bare (call 3 measured the bare row only: 57,008);
 #    3) gemma3-1b Unsloth LoRA pair, with a row budget that allows Unsloth's first compile (~100-150 s).
+# C) qwen3-0.6b Unsloth LoRA as A: bare, finetune defaults (train.lm_head_tokens: all, no boolean-mask gather
+#    in TRL's fused head, no host sync in the step's forward or backward) and finetune lm_head_tokens=labelled
+#    (TRL's gather: the default of 408948c, the one A measured), three interleaved repeats, medians, ratios;
+#    then which head ran (finetune logs 'train.lm_head_tokens: all: ...' once, from each finetune row).
 # Needs .gpu/site.tgz (../shared/tools/gpu-site.sh) and the code in .gpu/ep (git archive HEAD entrypoints).
 PART=${1:-qwen3}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false UNSLOTH_DISABLE_AUTO_PADDING_FREE=1
 R=$PWD; mkdir -p /tmp/site; tar -C /tmp/site -xzf $R/.gpu/site.tgz
 export PYTHONPATH=$R/.gpu/ep:/tmp/site
 date -u; O=/tmp/o; mkdir -p $O $OUT/n; cd /tmp
-if [ "$PART" = qwen3 ]; then
+if [ "$PART" = qwen3 ] || [ "$PART" = qwen3-head ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   G='3*qwen3-0.6b/bare-unsloth-lora,qwen3-0.6b/finetune-unsloth-lora,qwen3-0.6b/finetune-unsloth-lora+step_metrics=deferred'
+  [ "$PART" = qwen3-head ] && G='3*qwen3-0.6b/bare-unsloth-lora,qwen3-0.6b/finetune-unsloth-lora,qwen3-0.6b/finetune-unsloth-lora+lm_head_tokens=labelled'
   timeout ${LIMIT:-540} python3 $R/docs/bench/issue26_rows.py $OUT/n 100 "$G" > $OUT/n/log-qwen3.txt 2>&1
   echo "rc $?"
   [ -f $OUT/n/summary.json ] || python3 $R/docs/bench/issue26_rows.py --summary $OUT/n "$G"
   grep -E "^bench: |RATIO|median" $OUT/n/log-qwen3.txt | grep -v "^bench: ---"
   grep -h '"step_metrics"' $OUT/n/results.json | sort | uniq -c  # loss (defaults) and deferred, as asked
+  grep -rh "lm_head_tokens" $OUT/n/ 2>/dev/null | sort | uniq -c | head -5  # which head the finetune rows ran
   date -u; exit 0
 fi
 finish() { tar -C $O -czf $OUT/n/probes.tgz . ; date -u; }

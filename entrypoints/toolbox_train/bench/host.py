@@ -45,6 +45,7 @@ VARIANTS: dict[str, list[str]] = {
     "foreach-adamw": ["train.optimizer=adamw_torch"],
     "synced-step-metrics": ["output.step_metrics=synced"],
     "deferred-step-metrics": ["output.step_metrics=deferred"],  # TRL's entropy and top-1 accuracy computed
+    "labelled-lm-head": ["train.lm_head_tokens=labelled"],  # TRL's boolean-mask gather (a sync) in the head
     "nan-inf-filter": ["output.nan_inf_filter=true"],
     "no-per-step-logging": ["output.logging_steps=1000000"],
     "no-grad-clipping": ["train.max_grad_norm=0"],

@@ -126,7 +126,8 @@ def finetune_config(spec: dict, model_dir: str, data_path: str, output_dir: str)
         "precision": "bf16" if spec_device(spec).startswith("cuda") else "fp32",
         "seed": 0,
     }
-    for opt, key in (("ckpt", "gradient_checkpointing"), ("liger", "liger"), ("optim", "optimizer")):
+    for opt, key in (("ckpt", "gradient_checkpointing"), ("liger", "liger"), ("optim", "optimizer"),
+                     ("lm_head_tokens", "lm_head_tokens")):
         if opt in opts:
             train[key] = opts[opt]
     cfg: dict[str, Any] = {
