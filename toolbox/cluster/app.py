@@ -38,14 +38,16 @@ def _setup(args: argparse.Namespace):
     if args.via in ("toolbx", "distrobox") and not args.container:
         raise UserError(f"--via {args.via} needs --container NAME")
     target = args.image if args.via == "podman" else (args.container or "")
-    base_env = {}
-    if args.remote_path:
-        base_env["TOOLBOX_PATH_PREFIX"] = args.remote_path
-    for name in args.env or []:  # e.g. CONTAINERS_CONF: the probe's podman must see it too
-        if name in os.environ:
-            base_env[name] = os.environ[name]
-    prober = Prober(ssh, args.via, target, base_env)
+    prober = Prober(ssh, args.via, target, host_env(args))
     return hosts, ssh, prober, target
+
+
+def host_env(args: argparse.Namespace) -> dict[str, str]:
+    """What a host's own shell needs (probes, `cluster ray down/status`): the PATH prefix, and the
+    --env variables set here (e.g. CONTAINERS_CONF: the host's podman must see it too)."""
+    env = {"TOOLBOX_PATH_PREFIX": args.remote_path} if args.remote_path else {}
+    env.update({name: os.environ[name] for name in args.env or [] if name in os.environ})
+    return env
 
 
 def _host_table(infos: list[HostInfo], master_addr: str) -> Table:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from toolbox.cluster.app import host_env
 from toolbox.cluster.nodecmd import node_env, podman_options, substitute, wrap_via
 from toolbox.cluster.probe import HostInfo
 from toolbox.errors import ToolError
@@ -42,6 +43,10 @@ from toolbox_train.distributed import rdma
 ALIVE = r"""
 alive() { [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null \
   && tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null | grep -q "ray start"; }
+"""
+
+CONTAINER_RUNNING = r"""
+container_running() { [ "$(podman container inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
 """
 
 # On the host, before any container is entered: the token (0600) and the node's environment
@@ -99,9 +104,9 @@ running() { alive "$pid"; }
 # --via podman: a detached container per node whose main process is `ray start --block` (podman
 # stop = TERM to it: Ray drains and stops what it started). On the host: $1-$6 as RAY_ARGS,
 # $7 container name, $8 image, $9 the script run in it (FOREGROUND), then `podman run` options.
-PODMAN_START = r"""
+PODMAN_START = CONTAINER_RUNNING + r"""
 name=$7 image=$8 script=$9 dir=$5 gpus=$6 ip=$2 log=$5/toolbox-ray.log what="container $7"
-running() { [ "$(podman container inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; }
+running() { container_running "$name"; }
 if running; then echo "ray: already running (container $name)"; exit 0; fi
 podman rm -f "$name" >/dev/null 2>&1
 : > "$log"
@@ -148,9 +153,9 @@ pidf=$1/toolbox-ray.pid; shift
 if [ -f "$pidf" ] && alive "$(cat "$pidf")"; then echo "ray: running (pid $(cat "$pidf"))"; else echo "ray: not running"; exit 3; fi
 [ "$#" -eq 0 ] || exec "$@"
 """
-PODMAN_STATUS = r"""
+PODMAN_STATUS = CONTAINER_RUNNING + r"""
 name=$1; shift
-if [ "$(podman container inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; then
+if container_running "$name"; then
   echo "ray: running (container $name)"; else echo "ray: not running"; exit 3; fi
 [ "$#" -eq 0 ] || exec "$@"
 """
@@ -276,13 +281,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _host_env(args) -> dict[str, str]:
-    """What the host's shell needs for down/status: the PATH prefix, and --env (e.g. podman's config)."""
-    env = {"TOOLBOX_PATH_PREFIX": args.remote_path} if args.remote_path else {}
-    env.update({n: os.environ[n] for n in args.env or [] if n in os.environ})
-    return env
-
-
 def cmd_down(args: argparse.Namespace) -> int:
     console, ssh, infos, _, target = _prepare(args)
 
@@ -292,7 +290,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         # On the host: the container's process (toolbx/distrobox share its process table) or the container.
         argv = (["sh", "-c", PODMAN_STOP, "toolbox-ray", folder, container_name(args, info)] if args.via == "podman"
                 else ["sh", "-c", STOP, "toolbox-ray", folder])
-        return _run(ssh, info, argv, _host_env(args), 90)
+        return _run(ssh, info, argv, host_env(args), 90)
 
     failed = []
     # Workers first, the head last: nodes drain towards a head that is still there.
@@ -321,7 +319,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     else wrap_via(args.via, target, info, {}, ray_status, args.transport, None))
         argv = (["sh", "-c", PODMAN_STATUS, "toolbox-ray", container_name(args, info), *then] if args.via == "podman"
                 else ["sh", "-c", STATUS, "toolbox-ray", folder, *then])
-        code, out = _run(ssh, info, argv, _host_env(args), 120)
+        code, out = _run(ssh, info, argv, host_env(args), 120)
         for line in out.splitlines():
             console.print(f"[{info.host.destination}] {line}", markup=False)
         if code != 0:
