@@ -3,7 +3,13 @@ llama-1b and qwen3-0.6b shapes, `finetune` against TRL's DPOTrainer + PEFT run d
 same DPOTrainer under Unsloth, each in its own process; pairs/s over the timed steps, peak memory.
 
     python docs/bench/dpo_rows.py OUT [--shapes llama-1b,qwen3-0.6b] [--paths finetune,trl,trl-unsloth,finetune-unsloth]
-    python docs/bench/dpo_rows.py OUT --one SHAPE PATH      (one row; what the driver runs per process)
+                                      [--objective dpo|orpo|kto]
+    python docs/bench/dpo_rows.py OUT --one SHAPE PATH [OBJECTIVE]   (one row; what the driver runs per process)
+
+PATH: finetune (backend hf), finetune-unsloth, finetune-qlora (hf, 4-bit base), trl (DPOTrainer + PEFT),
+trl-unsloth (the same under Unsloth); the trl paths are DPO's only. ORPO reads the same preference rows,
+KTO unpaired rows (each pair split into a desirable and an undesirable completion): examples/s counts
+pairs for DPO/ORPO and completions for KTO.
 
 Settings as the issue's outside measurement: prompt 512 + completions 512 tokens, batch 4 pairs,
 LoRA r16 on all linear layers, bf16, random-init models and word-level data (bench/synthetic.py),
@@ -24,11 +30,15 @@ PROMPT, COMPLETION, BATCH, WARMUP, TIMED, R = 512, 512, 4, 10, 30, 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _data(path: Path, vocab: int, n: int = 512) -> Path:
+def _data(path: Path, vocab: int, objective: str, n: int = 512) -> Path:
     rnd = random.Random(0)
     words = lambda k: " ".join(f"w{rnd.randrange(4, min(vocab, 32768))}" for _ in range(k))  # noqa: E731
-    path.write_text("".join(json.dumps({"prompt": words(PROMPT), "chosen": " " + words(COMPLETION),
-                                        "rejected": " " + words(COMPLETION)}) + "\n" for _ in range(n)))
+    rows = [{"prompt": words(PROMPT), "chosen": " " + words(COMPLETION), "rejected": " " + words(COMPLETION)}
+            for _ in range(n)]
+    if objective == "kto":
+        rows = [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in rows
+                for k in ("chosen", "rejected")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
@@ -50,7 +60,7 @@ class _Clock:
         return Clock()
 
 
-def one(out: Path, shape: str, path: str) -> dict:
+def one(out: Path, shape: str, path: str, objective: str = "dpo") -> dict:
     import torch
 
     from toolbox_train.bench.synthetic import build_model_dir
@@ -59,28 +69,30 @@ def one(out: Path, shape: str, path: str) -> dict:
     if not model_dir.exists():
         build_model_dir(shape, model_dir, device="cuda")
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    data = out / f"dpo-{shape}.jsonl"
+    data = out / f"{objective}-{shape}.jsonl"
     if not data.exists():
-        _data(data, vocab)
+        _data(data, vocab, objective)
     steps = WARMUP + TIMED
     torch.cuda.reset_peak_memory_stats()
-    if path in ("finetune", "finetune-unsloth"):
+    if path.startswith("finetune"):
         backend = "unsloth" if path == "finetune-unsloth" else "hf"
-        cfg = {"model": {"path": str(model_dir)}, "objective": "dpo", "method": "lora", "backend": backend,
+        method = "qlora" if path == "finetune-qlora" else "lora"
+        cfg = {"model": {"path": str(model_dir)}, "objective": objective, "method": method, "backend": backend,
                "data": {"path": str(data), "max_seq_length": PROMPT + COMPLETION},
                "lora": {"r": R, "alpha": 2 * R}, "train": {"max_steps": steps, "per_device_batch_size": BATCH,
                                                           "precision": "bf16", "lr_scheduler": "constant"},
-               "output": {"dir": str(out / f"run-{shape}-{backend}"), "progress_bar": False}}
+               "output": {"dir": str(out / f"run-{shape}-{objective}-{path}"), "progress_bar": False}}
         from toolbox_train.training import finetune
 
         finetune.run(cfg, overwrite=True)
         # metrics.jsonl has each step's tokens and tokens/s since the previous log: the time of a
         # step is their quotient; the timed steps are those after the warm-up
-        rows = [json.loads(x) for x in (out / f"run-{shape}-{backend}" / "metrics.jsonl").read_text().splitlines()]
+        rows = [json.loads(x) for x in (out / f"run-{shape}-{objective}-{path}" / "metrics.jsonl").read_text().splitlines()]
         wall = sum((b["tokens"] - a["tokens"]) / b["tokens_per_s"] for a, b in zip(rows, rows[1:])
                    if b["step"] > WARMUP)
         pairs_s = BATCH * TIMED / wall
     else:
+        assert objective == "dpo", "the trl paths are DPO's"
         if path == "trl-unsloth":
             import unsloth  # noqa: F401  (first: it patches TRL's trainers)
             from unsloth import FastLanguageModel
@@ -109,7 +121,7 @@ def one(out: Path, shape: str, path: str) -> dict:
         tr.train()
         torch.cuda.synchronize()
         pairs_s = BATCH * TIMED / (time.perf_counter() - type(clock).t0)
-    return {"shape": shape, "path": path, "pairs_per_s": round(pairs_s, 2),
+    return {"shape": shape, "objective": objective, "path": path, "examples_per_s": round(pairs_s, 2),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
 
 
@@ -117,20 +129,21 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
     if argv[1:2] == ["--one"]:
-        print("ROW " + json.dumps(one(out, argv[2], argv[3])), flush=True)
+        print("ROW " + json.dumps(one(out, argv[2], argv[3], *argv[4:5])), flush=True)
         return 0
     opt = dict(zip(argv[1::2], argv[2::2]))
+    objective = opt.get("--objective", "dpo")
     rows = []
     for shape in opt.get("--shapes", "llama-1b,qwen3-0.6b").split(","):
         for path in opt.get("--paths", "finetune,trl,trl-unsloth,finetune-unsloth").split(","):
-            cp = subprocess.run([sys.executable, __file__, str(out), "--one", shape, path], capture_output=True,
+            cp = subprocess.run([sys.executable, __file__, str(out), "--one", shape, path, objective], capture_output=True,
                                 text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-            (out / f"{shape}-{path}.log").write_text(cp.stdout + cp.stderr)
+            (out / f"{shape}-{objective}-{path}.log").write_text(cp.stdout + cp.stderr)
             row = next((json.loads(x[4:]) for x in cp.stdout.splitlines() if x.startswith("ROW ")),
-                       {"shape": shape, "path": path, "error": (cp.stderr.strip().splitlines() or ["?"])[-1]})
+                       {"shape": shape, "objective": objective, "path": path, "error": (cp.stderr.strip().splitlines() or ["?"])[-1]})
             print(json.dumps(row), flush=True)
             rows.append(row)
-    (out / "dpo-rows.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / f"{objective}-rows.json").write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 

@@ -3,6 +3,7 @@
 #   bash docs/bench/issue26-next-call.sh qwen3   # call A: the qwen3-0.6b pair with the new default
 #   bash docs/bench/issue26-next-call.sh rest    # call B: what calls 1-3 left
 #   bash docs/bench/issue26-next-call.sh qwen3-head  # call C: the fused head's mask gather (train.lm_head_tokens)
+#   bash docs/bench/issue26-next-call.sh table   # call D: the issue's table (qwen3 x3 interleaved, llama-1b HF full and Unsloth LoRA)
 # A) qwen3-0.6b Unsloth LoRA, batch 8, seq 2048: bare, finetune with its defaults (output.step_metrics: loss,
 #    no entropy/top-1 asked of the fused head) and finetune with step_metrics=deferred (the previous default:
 #    entropy and top-1 computed every step), three interleaved repeats, medians; ratios of both finetune rows
@@ -22,6 +23,20 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false UNSLOTH_
 R=$PWD; mkdir -p /tmp/site; tar -C /tmp/site -xzf $R/.gpu/site.tgz
 export PYTHONPATH=$R/.gpu/ep:/tmp/site
 date -u; O=/tmp/o; mkdir -p $O $OUT/n; cd /tmp
+if [ "$PART" = table ]; then
+  # D) the issue's table in one call, each finetune row beside its reference: qwen3-0.6b Unsloth LoRA as three
+  #    interleaved repeats (medians), llama-1b HF full (+Liger) and llama-1b Unsloth LoRA pairs; then which
+  #    fused head the finetune rows ran
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  G=('3*qwen3-0.6b/bare-unsloth-lora,qwen3-0.6b/finetune-unsloth-lora' 'llama-1b/bare-hf-full+liger,llama-1b/finetune-hf-full'
+     'llama-1b/bare-unsloth-lora,llama-1b/finetune-unsloth-lora')
+  timeout ${LIMIT:-545} python3 $R/docs/bench/issue26_rows.py $OUT/n 110 "${G[@]}" > $OUT/n/log-table.txt 2>&1
+  echo "rc $?"
+  [ -f $OUT/n/summary.json ] || python3 $R/docs/bench/issue26_rows.py --summary $OUT/n "${G[@]}"
+  grep -E "^bench: |RATIO|median" $OUT/n/log-table.txt | grep -v "^bench: ---"
+  grep -rh "lm_head_tokens: all" $OUT/n/ 2>/dev/null | sort | uniq -c | head -5
+  date -u; exit 0
+fi
 if [ "$PART" = qwen3 ] || [ "$PART" = qwen3-head ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   G='3*qwen3-0.6b/bare-unsloth-lora,qwen3-0.6b/finetune-unsloth-lora,qwen3-0.6b/finetune-unsloth-lora+step_metrics=deferred'

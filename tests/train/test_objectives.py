@@ -129,6 +129,8 @@ def test_orpo_lora_on_conversations_with_an_implicit_prompt(tmp_path, tiny_model
     out = tmp_path / "out"
     m = _metrics(out)
     assert m[-1]["log_odds_ratio"] > m[0]["log_odds_ratio"] and s["last_loss"] < s["first_loss"]
+    # ORPO's batch has no input_ids: its tokens are counted from both sides (transformers counted 0)
+    assert 0 < m[0]["tokens"] < m[1]["tokens"] and all(x["tokens_per_s"] > 0 for x in m) and s["tokens"] > 0
     assert yaml.safe_load((out / "config.resolved.yaml").read_text())["_resolved"]["reference_model"] == "none"
     _exports(out)
 

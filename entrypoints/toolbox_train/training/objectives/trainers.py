@@ -79,6 +79,23 @@ def trl_args(p, dist, reward_weights: list[float] | None = None):
     return cls(**{k: v for k, v in kw.items() if k in fields})
 
 
+class PairedTokens:
+    """Tokens seen for a batch of chosen/rejected sequences without `input_ids` (ORPO's): both sides,
+    each prompt + completion, as DPO's concatenated batch counts them. transformers counts only
+    `input_ids` and would record 0 tokens (and 0 tokens/s) for every ORPO step."""
+
+    def _track_num_input_tokens(self, inputs):
+        if "input_ids" not in inputs and "chosen_input_ids" in inputs and "rejected_input_ids" in inputs:
+            import torch
+
+            sides = ("chosen", "rejected")
+            both = {"input_ids": torch.cat([inputs[f"{s}_input_ids"].flatten() for s in sides])}
+            if all(f"{s}_attention_mask" in inputs for s in sides):
+                both["attention_mask"] = torch.cat([inputs[f"{s}_attention_mask"].flatten() for s in sides])
+            inputs = both
+        return super()._track_num_input_tokens(inputs)
+
+
 def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, rewards=None):
     """The objective's TRL trainer with the Toolbox additions, ready to train."""
     from . import logprob
@@ -88,7 +105,7 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, rewards=N
         logprob.install()  # TRL 1.15's fused LM head is a Triton kernel (logprob.py)
     mod, trainer_name, _ = TRAINERS[p.cfg.objective]
     base = getattr(importlib.import_module(mod), trainer_name)
-    cls = type(f"Toolbox{base.__name__}", (Toolbox, base), {})
+    cls = type(f"Toolbox{base.__name__}", (PairedTokens, Toolbox, base), {})
     funcs, weights = rewards or (None, None)
     args = trl_args(p, dist, weights)
     kw = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
