@@ -89,12 +89,18 @@ def apply_liger(model):
     _apply_liger_kernel_to_instance(model=model)
 
 
+def attn_implementation(shape: str) -> dict[str, str]:
+    """SDPA, where the model has it. transformers' GPT-OSS has none (its attention sinks): no argument,
+    so transformers' own default (eager) runs, as in `finetune` without `model.attn_implementation`."""
+    return {} if SHAPES[shape]["model_type"] == "gpt_oss" else {"attn_implementation": "sdpa"}
+
+
 def load_hf(spec: dict, model_dir: str):
     import torch
     from transformers import AutoModelForCausalLM
 
     method, opts, device = spec["method"], spec["options"], spec_device(spec)
-    kw: dict[str, Any] = dict(dtype=getattr(torch, spec.get("dtype", "bfloat16")), attn_implementation="sdpa")
+    kw: dict[str, Any] = dict(dtype=getattr(torch, spec.get("dtype", "bfloat16")), **attn_implementation(spec["shape"]))
     if method == "qlora":
         from transformers import BitsAndBytesConfig
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..files import write_json
 from .environment import versions
-from .measure import (CountingCollator, StepTimer, apply_liger, count_tokens, load_hf, load_unsloth, peak_gib,
-                      reset_peak, result_from_steps, spec_device)
+from .measure import (CountingCollator, StepTimer, apply_liger, attn_implementation, count_tokens, load_hf,
+                      load_unsloth, peak_gib, reset_peak, result_from_steps, spec_device)
 from .shapes import LORA_TARGETS, SHAPES, SPECIAL_TOKENS
 from .synthetic import read_token_batches
 
@@ -66,7 +66,7 @@ def run_trl(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict:
     cpu = not device.startswith("cuda")
     reset_peak(device)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, **attn_implementation(spec["shape"]))
     if opts.get("liger"):
         apply_liger(model)
     ds = load_dataset("json", data_files=data_path, split="train")

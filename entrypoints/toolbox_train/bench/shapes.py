@@ -23,6 +23,18 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True, max_position_embeddings=32768, sliding_window=512,
         query_pre_attn_scalar=256,
     ),
+    # GPT-OSS-20B (openai/gpt-oss-20b's config.json) cut from 24 layers to 4, so that it builds in a minute:
+    # 32 experts of which 4 run per token, alternating sliding (128) / full attention layers, untied
+    # 201088 x 2880 embedding and head (0.58B parameters each), 4.45B parameters in all (8.3 GiB in bf16), 1.08B
+    # of them in a token's matrix products (matmul_params). Random bf16 weights: no MXFP4 experts, no quantization.
+    "gpt-oss-20b-4l": dict(
+        model_type="gpt_oss", hidden_size=2880, num_hidden_layers=4, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, intermediate_size=2880, vocab_size=201088,
+        num_local_experts=32, num_experts_per_tok=4, sliding_window=128, attention_bias=True,
+        tie_word_embeddings=False, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+    ),
     # CPU test shapes: same architectures, a few MB
     "tiny-llama": dict(
         model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -39,6 +51,12 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_key_value_heads=1, head_dim=16, intermediate_size=128, vocab_size=512,
         tie_word_embeddings=True, max_position_embeddings=4096, sliding_window=64,
         query_pre_attn_scalar=16,
+    ),
+    "tiny-gpt-oss": dict(
+        model_type="gpt_oss", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=64, vocab_size=512,
+        num_local_experts=8, num_experts_per_tok=2, sliding_window=64, attention_bias=True,
+        tie_word_embeddings=False, max_position_embeddings=4096,
     ),
 }
 
@@ -64,12 +82,19 @@ def _shape_cfg(shape_or_cfg: str | dict) -> dict:
 
 
 def matmul_params(cfg: dict) -> int:
-    """Weights that take part in matrix products per token (all linear layers + LM head)."""
+    """Weights that take part in matrix products per token (all linear layers + LM head).
+
+    Mixture of experts: a token goes through the router and its `num_experts_per_tok` experts only, so
+    only those count (GPT-OSS-20B: 4 of 32), not the parameters the model holds.
+    """
     h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // nh
     attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
-    mlp = 3 * h * cfg["intermediate_size"]
+    mlp = 3 * h * cfg["intermediate_size"]  # gate, up, down (an expert's gate_up_proj is gate and up)
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    if experts:
+        mlp = cfg["num_experts_per_tok"] * mlp + h * experts  # the active experts + the router
     return L * (attn + mlp) + h * cfg["vocab_size"]
 
 
@@ -99,6 +124,8 @@ def layer_types(cfg: dict) -> list[str]:
         return list(cfg["layer_types"])
     if cfg.get("model_type") == "gemma3_text":  # transformers' default: 5 sliding, 1 full
         return ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(L)]
+    if cfg.get("model_type") == "gpt_oss":  # transformers' default: sliding, full, sliding, ...
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
     return ["full_attention"] * L
 
 
