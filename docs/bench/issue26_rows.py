@@ -1,7 +1,7 @@
 """Issue 26's device calls: bench rows in a given order, groups repeated interleaved, one process per
 row (bench's own run_matrix), then the medians and ratios of each finetune row to its reference.
 
-    [WARMUP=3 STEPS=10] python docs/bench/issue26_rows.py OUT TIMEOUT_S GROUP [GROUP ...]
+    [WARMUP=3 STEPS=10 SEQ=2048 BATCH=8 DEVICE=cuda] python docs/bench/issue26_rows.py OUT TIMEOUT_S GROUP [GROUP ...]
     python docs/bench/issue26_rows.py --summary OUT GROUP [GROUP ...]
 
 GROUP: `N*ROW,ROW,...` runs the listed rows N times in turn (ROW,ROW,ROW,ROW,...); a ROW is bench's
@@ -62,8 +62,10 @@ def main(argv: list[str]) -> int:
         return summarize(json.loads((out / "results.json").read_text()), pairs, out)
     out, timeout, groups = Path(argv[0]), float(argv[1]), argv[2:]
     rows, pairs = plan_rows(groups)
-    res = run_matrix(rows, out, row_timeout=timeout, workdir=Path("/tmp/bench-work"),
+    res = run_matrix(rows, out, row_timeout=timeout, workdir=Path(os.environ.get("WORKDIR", "/tmp/bench-work")),
                      warmup=int(os.environ.get("WARMUP", 3)), steps=int(os.environ.get("STEPS", 10)),
+                     seq=int(os.environ.get("SEQ", 2048)), batch=int(os.environ.get("BATCH", 8)),
+                     device=os.environ.get("DEVICE", "cuda"),
                      command="docs/bench/issue26_rows.py " + " ".join(argv))
     return summarize(res, pairs, out)
 
@@ -88,7 +90,8 @@ def summarize(res: dict, pairs: list[tuple[str, str]], out: Path) -> int:
     (out / "summary.json").write_text(json.dumps({"rows": summary, "ratios": ratios, "versions": res["versions"],
                                                   "device": res["device"], "date": res["date"]}, indent=2) + "\n")
     for rid, s in summary.items():
-        print(f"{rid}: median {s['median'] and round(s['median']):,} tok/s {s['tokens_per_s']} peak "
+        med = f"{round(s['median']):,}" if s["median"] else None  # None: no row of this id finished
+        print(f"{rid}: median {med} tok/s {s['tokens_per_s']} peak "
               f"{s['peak_gib'] and round(s['peak_gib'], 2)} GiB {s['failed'] or ''}")
     for r in ratios:
         print(f"RATIO {r['finetune']} / {r['reference']}: {r['ratio']}x tokens/s, {r['memory_ratio']}x memory")
