@@ -40,6 +40,21 @@ CAL = {
 }
 TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK = 4096, 32768  # trl/kernels/chunked_logprob.py (TRL 1.15)
 LORA_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Fused-expert MoE families whose experts LoRA reaches only through PEFT's `target_parameters`: each
+# layer's experts are two 3-D nn.Parameters, not nn.Linear modules, so `target_modules` never matches them.
+# model_type -> (expert parameter PEFT suffix-matches, the MLP names in lora.target_modules that select it).
+# gpt_oss only: Unsloth's get_peft_model does the same for it (get_moe_target_parameters); Qwen2/3-MoE,
+# OLMoE, DeepSeek and the other families PEFT 0.21 maps to its qwen2_moe/mixtral v4->v5 conversion
+# (peft/utils/transformers_weight_conversion.py) get their expert adapters from PEFT itself (docs/training.md).
+FUSED_EXPERTS = {
+    "gpt_oss": (("mlp.experts.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.experts.down_proj", ("down_proj",))),
+}
+
+
+def expert_targets(model_type: str, targets: tuple[str, ...] | list[str] | str = "all-linear") -> list[str]:
+    """The expert parameters LoRA adapts through PEFT's `target_parameters`, for these target modules."""
+    names = LORA_ALL_LINEAR if targets == "all-linear" else tuple(targets)
+    return [param for param, mlp in FUSED_EXPERTS.get(model_type, ()) if any(n in names for n in mlp)]
 
 
 def parse_size(text: str) -> int:
@@ -135,9 +150,13 @@ class Shape:
         return sum(self.params().values())
 
     def lora_params(self, r: int, targets: tuple[str, ...] | str = "all-linear") -> int:
+        """Adapter parameters: r x (in + out) per matrix; a fused expert parameter (FUSED_EXPERTS) gets one
+        r-rank pair per expert (PEFT's ParamWrapper: lora_A [r * experts, in], lora_B [out, r * experts])."""
         names = LORA_ALL_LINEAR if targets == "all-linear" else tuple(targets)
-        return self.layers * sum(r * (a + b) * c for n, (a, b, c) in self.linear_shapes().items()
-                                 if n in names and not n.startswith("experts"))
+        experts = {p.rpartition(".")[2] for p in expert_targets(self.model_type, targets)} if self.experts else set()
+        chosen = [n for n in self.linear_shapes() if n in names
+                  or (n.startswith("experts_") and n.replace("experts_", "", 1) + "_proj" in experts)]
+        return self.layers * sum(r * (a + b) * c for n, (a, b, c) in self.linear_shapes().items() if n in chosen)
 
 
 def vision_params(v: Mapping[str, Any], text_hidden: int) -> int:

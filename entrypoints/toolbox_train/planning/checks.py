@@ -314,6 +314,14 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         raise UserError("output.tensorboard: true needs the tensorboard package (pip install tensorboard)")
     p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
              precision, bool(liger), sync=sync_mode)
+    experts = lora_target_parameters(p)
+    if experts:
+        if cfg.lora.dropout and backend == "hf":  # peft's ParamWrapper raises on it (Unsloth's path: not checked)
+            raise UserError(f"lora.dropout: {cfg.lora.dropout}: PEFT's adapters on {mc.model_type}'s fused experts "
+                            f"({', '.join(experts)}) take no dropout; set it to 0, or leave gate_proj/up_proj/"
+                            "down_proj out of lora.target_modules")
+        p.notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
+                       f"{', '.join(experts)} (one rank-{cfg.lora.r} adapter per expert)")
     if target is not None:
         device_memory = device_memory or f"{target.memory_gib}GiB"
         p.notes.append(f"planned for {target.describe()}: backend {backend}, liger {bool(liger)}, precision "
@@ -333,6 +341,15 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
 
             resume_check.check(p.resume_from, p)  # another model/method/backend/shape: before anything changes
     return p
+
+
+def lora_target_parameters(p: Plan) -> list[str]:
+    """What training/lora.py passes PEFT as target_parameters (none for full fine-tuning)."""
+    if p.cfg.method == "full":
+        return []
+    from ..training.lora import lora_target_parameters as experts
+
+    return experts(p)
 
 
 def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, refuse: bool,

@@ -26,7 +26,7 @@ import yaml
 from ..checks import preflight
 from ..cli import Terminated, UserError, command_parser, run_command
 from ..files import atomic_write
-from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
+from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, lora_target_parameters, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
 from ..planning.decisions import TARGETS
 from ..planning.arithmetic import GiB
 from . import checkpoints, report
@@ -80,6 +80,9 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
                              "data_format": fmt, "sync": p.sync,
                              "gradient_checkpointing": p.gradient_checkpointing,
                              "objective": p.cfg.objective, "reference_model": reference(p.cfg)}
+    experts = lora_target_parameters(p)
+    if experts:  # GPT-OSS's fused experts: adapted through PEFT's target_parameters (training/lora.py)
+        resolved["_resolved"]["lora_target_parameters"] = experts
     if p.memory is not None:
         est = p.memory.estimate()
         resolved["_resolved"].update(

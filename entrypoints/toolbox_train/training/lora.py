@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ..planning.arithmetic import LORA_ALL_LINEAR
+from ..planning.arithmetic import LORA_ALL_LINEAR, expert_targets
 
 # Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
 VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
@@ -21,10 +21,20 @@ def lora_targets(p):
     return rf"^(?!.*({'|'.join(VISION_PARTS)})).*\.({names})$"
 
 
+def lora_target_parameters(p) -> list[str]:
+    """The fused expert parameters (GPT-OSS's mlp.experts.gate_up_proj/down_proj) the MLP names in
+    lora.target_modules select: `target_modules` matches modules only, and these are 3-D nn.Parameters,
+    so without them the HF path would leave the experts frozen where Unsloth's get_peft_model adapts them."""
+    if p.multimodal:
+        return []
+    return expert_targets(getattr(p.model_config, "model_type", ""), p.cfg.lora.target_modules)
+
+
 def peft_config(p):
     """`p`: the run's planning.checks.Plan."""
     from peft import LoraConfig
 
     c = p.cfg.lora
+    experts = lora_target_parameters(p)
     return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
-                      bias="none", task_type="CAUSAL_LM")
+                      bias="none", task_type="CAUSAL_LM", **({"target_parameters": experts} if experts else {}))
