@@ -61,3 +61,28 @@ def test_gpt_oss_row_ids():
         assert bench.Row(kind, backend, "lora", "gpt-oss-20b-4l").id == f"gpt-oss-20b-4l/{kind}-{backend}-lora"
     assert [r.id for r in bench.select_rows(bench.build_matrix(["gpt-oss-20b-4l"]), ["*/bare-hf-lora+*"])] == [
         "gpt-oss-20b-4l/bare-hf-lora+ckpt", "gpt-oss-20b-4l/bare-hf-lora+ckpt+liger"]
+
+
+def test_bare_hf_lora_adapts_what_finetunes_hf_lora_adapts(tmp_path):
+    """The bare HF loop and finetune's HF path train the same adapters: on GPT-OSS the experts too."""
+    import yaml
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from toolbox_train.bench.measure import lora_config
+    from toolbox_train.bench.shapes import LORA_TARGETS
+    from toolbox_train.training import finetune
+    from toolbox_train.training.lora import peft_config
+
+    assert not getattr(lora_config("tiny-llama"), "target_parameters", None)
+    model_dir = bench.build_model_dir("tiny-gpt-oss", tmp_path / "m")
+    (tmp_path / "d.jsonl").write_text('{"text": "a b c"}\n')
+    cfg = {"model": {"path": str(model_dir)}, "method": "lora", "data": {"path": str(tmp_path / "d.jsonl")},
+           "lora": {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": list(LORA_TARGETS)},
+           "output": {"dir": str(tmp_path / "o")}}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
+    ours = peft_config(finetune.plan(str(tmp_path / "t.yaml")))
+    counts = [get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), c).get_nb_trainable_parameters()[0]
+              for c in (lora_config("tiny-gpt-oss"), ours)]
+    assert sorted(lora_config("tiny-gpt-oss").target_parameters) == sorted(ours.target_parameters)
+    assert counts[0] == counts[1]

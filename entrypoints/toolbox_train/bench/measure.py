@@ -7,7 +7,7 @@ import math
 import time
 from typing import Any
 
-from ..planning.arithmetic import GiB
+from ..planning.arithmetic import GiB, expert_targets
 from .shapes import LORA_TARGETS, SHAPES
 
 
@@ -95,6 +95,16 @@ def attn_implementation(shape: str) -> dict[str, str]:
     return {} if SHAPES[shape]["model_type"] == "gpt_oss" else {"attn_implementation": "sdpa"}
 
 
+def lora_config(shape: str):
+    """The bare HF loops' LoRA: the seven projections, and on fused-expert MoE models (GPT-OSS) the experts'
+    parameters too, as finetune's HF path (training/lora.py) and Unsloth adapt them: the same work per row."""
+    from peft import LoraConfig
+
+    extra = expert_targets(SHAPES[shape]["model_type"], LORA_TARGETS)
+    return LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM",
+                      **({"target_parameters": extra} if extra else {}))
+
+
 def load_hf(spec: dict, model_dir: str):
     import torch
     from transformers import AutoModelForCausalLM
@@ -115,7 +125,7 @@ def load_hf(spec: dict, model_dir: str):
     if opts.get("ckpt"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if method in ("lora", "qlora"):
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         if method == "qlora":
             from peft import prepare_model_for_kbit_training
@@ -123,8 +133,7 @@ def load_hf(spec: dict, model_dir: str):
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(opts.get("ckpt")))
         if opts.get("ckpt"):
             model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0,
-                                                 target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+        model = get_peft_model(model, lora_config(spec["shape"]))
     if opts.get("compile") == "layers":
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         for layer in base.model.layers:

@@ -15,7 +15,7 @@ from typing import Any
 from ..files import write_json
 from .environment import versions
 from .measure import (CountingCollator, StepTimer, apply_liger, attn_implementation, count_tokens, load_hf,
-                      load_unsloth, peak_gib, reset_peak, result_from_steps, spec_device)
+                      load_unsloth, lora_config, peak_gib, reset_peak, result_from_steps, spec_device)
 from .shapes import LORA_TARGETS, SHAPES, SPECIAL_TOKENS
 from .synthetic import read_token_batches
 
@@ -58,7 +58,6 @@ def run_trl(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict:
     """TRL SFTTrainer with HF + PEFT LoRA, as its documentation shows it."""
     import torch
     from datasets import load_dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
@@ -106,8 +105,7 @@ def run_trl(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict:
 
         trainer_cls = CPUSFTTrainer
     trainer = trainer_cls(model=model, args=args, train_dataset=ds, processing_class=tok,
-                         peft_config=LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0,
-                                                target_modules=LORA_TARGETS, task_type="CAUSAL_LM"),
+                         peft_config=lora_config(spec["shape"]),
                          callbacks=[Timing()])
     collator = CountingCollator(trainer.data_collator)
     trainer.data_collator = collator
