@@ -13,10 +13,9 @@
 # Row budget 190 s (Unsloth's first compile ~100-150 s; an HF row should take ~1 minute, most of it imports and
 # loading 8.3 GiB); the model is built once (GPU init, ~9 GB written to /tmp) before the first row, outside the
 # row budgets; the whole run is cut at 520 s and summarised from the rows it finished (--summary).
-# Not the same adapters on the two backends: finetune's and bench's HF LoRA (PEFT target_modules) reach the
-# attention projections only (GPT-OSS's experts are 3-D nn.Parameters, not nn.Linear); Unsloth's get_peft_model
-# adds PEFT target_parameters for mlp.experts.gate_up_proj/down_proj from the same target list, so the Unsloth
-# rows also train per-expert LoRA. Compare finetune to bare within a backend, not across backends.
+# The same adapters on both backends and in both loops: attention + per-expert LoRA (PEFT target_parameters for
+# mlp.experts.gate_up_proj/down_proj: finetune's HF path since 7f6cf03, the bare HF loops since 3cff83d, Unsloth's
+# get_peft_model itself). Compare finetune to bare within a backend (the expert kernels differ across them).
 # Needs .gpu/site.tgz (../shared/tools/gpu-site.sh) and the code in .gpu/ep (git archive HEAD entrypoints).
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false UNSLOTH_DISABLE_AUTO_PADDING_FREE=1
 R=$PWD; mkdir -p /tmp/site; tar -C /tmp/site -xzf $R/.gpu/site.tgz
