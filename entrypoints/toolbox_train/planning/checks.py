@@ -19,7 +19,6 @@ from ..training.config import TrainConfig, load_located
 from ..training.data import looks_like_hub_id, resolve_local
 from ..training.runs import RESOLVED_CONFIG
 from ..cli import UserError
-from .arithmetic import expert_targets
 from ..distributed.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 
 # Files `launch` writes into the output folder before finetune starts.
@@ -345,13 +344,12 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
 
 
 def lora_target_parameters(p: Plan) -> list[str]:
-    """The fused expert parameters (GPT-OSS's mlp.experts.gate_up_proj/down_proj) that the MLP names in
-    lora.target_modules select, for PEFT's `target_parameters` (training/lora.py): `target_modules` matches
-    modules only and these are 3-D nn.Parameters, so without them the HF path would leave the experts frozen
-    where Unsloth's get_peft_model adapts them. None for full fine-tuning or a multimodal wrapper."""
-    if p.cfg.method == "full" or p.multimodal:
+    """What training/lora.py passes PEFT as target_parameters (none for full fine-tuning)."""
+    if p.cfg.method == "full":
         return []
-    return expert_targets(getattr(p.model_config, "model_type", ""), p.cfg.lora.target_modules)
+    from ..training.lora import lora_target_parameters as experts
+
+    return experts(p)
 
 
 def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, refuse: bool,
