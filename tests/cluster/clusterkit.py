@@ -108,6 +108,13 @@ def wait_all_gone(cluster, within: float = 30) -> tuple[dict, str]:
         time.sleep(0.5)
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
 def kill_leftovers(cluster) -> list[int]:
     """Clean up after a failed test, so one leftover does not fail the next test too."""
     left = list(run_pids(cluster))
