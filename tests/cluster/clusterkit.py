@@ -115,9 +115,10 @@ def cmdline(pid: int) -> str:
         return "?"
 
 
-def kill_leftovers(cluster) -> list[int]:
-    """Clean up after a failed test, so one leftover does not fail the next test too."""
-    left = list(run_pids(cluster))
+def kill_leftovers(cluster) -> dict[int, str]:
+    """Clean up after a failed test, so one leftover does not fail the next test too; what was killed
+    (pid -> command line, read before the kill)."""
+    left = {pid: cmdline(pid) for pid in run_pids(cluster)}
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -27,8 +27,7 @@ def clean(hosts):
     machine a remote node's processes were seen still exiting just after a resumed run returned 0."""
     yield
     ck.wait_all_gone(hosts, within=30)
-    left = {pid: ck.cmdline(pid) for pid in ck.run_pids(hosts)}
-    ck.kill_leftovers(hosts)
+    left = ck.kill_leftovers(hosts)
     assert not left, f"processes of a cluster run left behind 30 s after the test: {left}"
 
 
