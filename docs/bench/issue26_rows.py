@@ -26,7 +26,9 @@ from toolbox_train.bench.suites import Row
 def parse_row(text: str) -> Row:
     m = re.fullmatch(r"([\w.-]+)/(bare|finetune|trl)-(hf|unsloth)-(full|lora|qlora)((?:\+[\w.=-]+)*)", text)
     if not m:
-        raise SystemExit(f"bad row id {text!r}")
+        print(f"issue26_rows: bad row id {text!r}: expected shape/(bare|finetune|trl)-(hf|unsloth)-(full|lora|qlora)[+opt]",
+              file=sys.stderr)
+        raise SystemExit(2)
     shape, kind, backend, method, rest = m.groups()
     opts: dict = {}
     for o in filter(None, rest.split("+")):
