@@ -127,6 +127,28 @@ def _steps(build_out: str) -> list[tuple[str, str | None]]:
     return steps
 
 
+def drop_images_built_with(text: str, rounds: int = 20) -> list[str]:
+    """Remove every local image (intermediates too) with a history entry containing `text`;
+    children go before parents, a round at a time. Returns the ids still left."""
+    for _ in range(rounds):
+        ids = sorted(set(podman("images", "-aq", "--no-trunc", check=False).stdout.split()))
+        if not ids:
+            return []
+        cp = podman("image", "inspect", *ids, check=False)
+        try:
+            images = json.loads(cp.stdout or "[]")
+        except json.JSONDecodeError:  # an image removed between the listing and the inspect
+            time.sleep(1)
+            continue
+        hits = [im["Id"] for im in images if any(text in (h.get("created_by") or "") for h in im.get("History") or [])]
+        if not hits:
+            return []
+        has_child = {im.get("Parent") for im in images if im["Id"] in hits}
+        leaves = [i for i in hits if i not in has_child] or hits
+        podman("rmi", "-f", *leaves, check=False)
+    return hits
+
+
 def _stage(step: str) -> str | None:
     m = re.match(r"^\[(\d+)/\d+\] ", step)
     return m and m.group(1)
@@ -152,14 +174,12 @@ def test_rebuild_after_hf_pin_change_reuses_base_and_torch_layers(cpu_image, tmp
     from toolbox.run_options import default_tag
     from toolbox.stack.load import load_stack
 
-    # a leftover of an earlier run would serve the HF step from cache too: drop it first
+    # a leftover of an earlier run (or of a suite run beside this one on the same store: CI once
+    # served this step from such a layer) would serve the HF step from cache: drop every image
+    # whose history holds that step - the step's own image and all built on it - first
     podman("rmi", "-f", default_tag(load_stack("cpu", ["hf.peft=0.21.1"])), check=False)
-    for _ in range(6):  # intermediate images turn dangling one generation at a time
-        pruned = podman("image", "prune", "-f", check=False)
-        if pruned.returncode:  # best effort: CI once saw exit 125 here (a removal racing the API service's)
-            time.sleep(2)
-        elif not pruned.stdout.strip():
-            break
+    left = drop_images_built_with("peft==0.21.1")
+    assert not left, f"images still holding the HF step after cleanup: {left}"
     # --unlocked: this pin set has no Python lock (the build refuses it otherwise); torch's part still holds
     cp = toolbox("build", "--stack", "cpu", "--engine", "podman", "--set", "hf.peft=0.21.1", "--unlocked",
                  "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()), timeout=1800)
