@@ -76,7 +76,7 @@ def _tok_ids(dir: Path) -> dict[str, Any]:
     return {"vocab_size": len(tok), "ids": ids}
 
 
-ARCHS = ("llama", "qwen3", "gemma3", "gemma3-mm", "gpt-oss")
+ARCHS = ("llama", "qwen3", "gemma3", "gemma3-mm", "gpt-oss", "qwen3-moe")
 
 
 def _config(arch: str, vocab: int, ids: dict[str, int], max_len: int):
@@ -121,6 +121,10 @@ def _config(arch: str, vocab: int, ids: dict[str, int], max_len: int):
         cfg = tf.GptOssConfig(**common, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
                               sliding_window=32)
         return cfg, tf.GptOssForCausalLM
+    if arch == "qwen3-moe":  # experts PEFT 0.21 converts itself (v4 gate/up/down_proj -> fused parameters)
+        cfg = tf.Qwen3MoeConfig(**common, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                                decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False)
+        return cfg, tf.Qwen3MoeForCausalLM
     raise ValueError(f"unknown arch {arch!r}; one of {', '.join(ARCHS)}")
 
 

@@ -200,3 +200,39 @@ def test_resume_check_sees_expert_adapters(moe_run):
         assert shapes == {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
     assert sum(".experts." in k for k in shapes) == 8
     assert resume.differences(out / "checkpoints" / "checkpoint-3", p) == []
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    from helpers.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("qmoe") / "model", "qwen3-moe")
+
+
+@pytest.mark.parametrize("targets", [["gate_proj", "down_proj"], ["q_proj", "up_proj"]])
+@pytest.mark.parametrize("plan", [True, False])
+def test_peft_converted_experts_half_of_a_fused_pair_is_refused(qwen3_moe, targets, plan, tmp_path, capsys):
+    """Qwen3-MoE's experts are PEFT's to convert: gate_proj and up_proj are one fused parameter now, so
+    naming one without the other is one line naming the field, exit 2, before any weights load or any file."""
+    data = bench.write_text_dataset(tmp_path / "d.jsonl", 4, 20, 500)
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump(train_config(qwen3_moe, data, tmp_path / "o",
+                                               **{"method": "lora", "lora.target_modules": targets})))
+    assert finetune.main(["--config", str(cfg), *(["--plan"] if plan else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"lora.target_modules: {targets}: Cannot convert PEFT target(s)" in err[0], err
+    assert err[0].startswith(f"finetune: error: {cfg}:") and "Traceback" not in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_peft_converted_experts_whole_pair_trains_them(qwen3_moe, tmp_path):
+    """gate_proj + up_proj + down_proj: PEFT adapts the fused experts, and they train."""
+    data = bench.write_text_dataset(tmp_path / "d.jsonl", 8, 20, 500)
+    cfg = tmp_path / "train.yaml"
+    out = tmp_path / "o"
+    cfg.write_text(yaml.safe_dump(train_config(qwen3_moe, data, out, **{
+        "method": "lora", "train.max_steps": 2, "lora.target_modules": ["gate_proj", "up_proj", "down_proj"]})))
+    assert finetune.main(["--config", str(cfg)]) == 0
+    with safe_open(str(out / "adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert any("mlp.experts" in k and "lora_A" in k for k in keys), keys

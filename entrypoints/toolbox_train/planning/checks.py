@@ -322,6 +322,8 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
                             "down_proj out of lora.target_modules")
         p.notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
                        f"{', '.join(experts)} (one rank-{cfg.lora.r} adapter per expert)")
+    elif cfg.method != "full" and backend == "hf" and moe_experts(mc):
+        peft_conversion_problem(p)
     if target is not None:
         device_memory = device_memory or f"{target.memory_gib}GiB"
         p.notes.append(f"planned for {target.describe()}: backend {backend}, liger {bool(liger)}, precision "
@@ -341,6 +343,26 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
 
             resume_check.check(p.resume_from, p)  # another model/method/backend/shape: before anything changes
     return p
+
+
+def moe_experts(mc) -> int:
+    t = text_config(mc)
+    return getattr(t, "num_experts", 0) or getattr(t, "num_local_experts", 0) or 0
+
+
+def peft_conversion_problem(p: Plan) -> None:
+    """PEFT converts the experts of Qwen2/3-MoE, Mixtral, OLMoE, ... itself (transformers 5 fused them into
+    3-D parameters) and refuses some target sets, e.g. gate_proj without up_proj (one fused parameter now).
+    The adapter is built on the meta device here, so that such a set is one line naming the field before
+    any weights load or any file is written, not an error after loading."""
+    from ..training import resume
+
+    try:
+        resume.expected_weights(p)
+    except ValueError as e:  # PeftError is one; only PEFT's target messages are about this field
+        if "target" in str(e).lower():
+            raise UserError(f"lora.target_modules: {p.cfg.lora.target_modules}: {e}") from None
+        raise
 
 
 def lora_target_parameters(p: Plan) -> list[str]:
