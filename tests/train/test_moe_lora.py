@@ -4,6 +4,7 @@ PEFT's target_parameters as Unsloth's get_peft_model does; the planner counts th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -236,3 +237,31 @@ def test_peft_converted_experts_whole_pair_trains_them(qwen3_moe, tmp_path):
     with safe_open(str(out / "adapter_model.safetensors"), "pt") as f:
         keys = list(f.keys())
     assert any("mlp.experts" in k and "lora_A" in k for k in keys), keys
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "gate_proj", "up_proj"]])
+def test_plan_counts_the_adapter_peft_builds_for_converted_experts(qwen3_moe, targets, tmp_path):
+    """The memory plan's adapter is the one PEFT builds (experts at rank 2r for gate_up, the router with
+    all-linear), not the arithmetic's attention-only count: equal to the trainable parameters of the run."""
+    from toolbox_train.planning import checks
+
+    data = bench.write_text_dataset(tmp_path / "d.jsonl", 8, 20, 500)
+    cfg = tmp_path / "train.yaml"
+    out = tmp_path / "o"
+    cfg.write_text(yaml.safe_dump(train_config(qwen3_moe, data, out, **{
+        "method": "lora", "lora.r": 4, "train.max_steps": 1, "lora.target_modules": targets})))
+    p = checks.plan(str(cfg))
+    st = p.memory.setting
+    assert f"PEFT adapts qwen3_moe's experts itself: {st.lora_params:,} adapter parameters" in "\n".join(p.notes)
+    arithmetic = p.memory.shape.lora_params(4, targets)
+    trained = {}
+
+    class Count(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            trained["n"] = sum(x.numel() for x in model.parameters() if x.requires_grad)
+
+    finetune.run(str(cfg), callbacks=[Count()])
+    assert st.lora_params == trained["n"] > arithmetic, (st.lora_params, trained, arithmetic)
+    e = M.estimate(p.memory.shape, st)
+    assert e.parts["weights"] - M.estimate(p.memory.shape, dataclasses.replace(st, lora_params=0)).parts["weights"] \
+        == trained["n"] * 4  # fp32 adapters on backend hf

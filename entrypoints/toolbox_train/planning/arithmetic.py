@@ -184,6 +184,7 @@ class Setting:
     strategy: str = "single"  # single | ddp | fsdp
     unified_memory: bool = False  # APU: host offload takes the same memory
     reference_copy: bool = False  # DPO/KTO full fine-tuning: a frozen copy of the model beside it
+    lora_params: int | None = None  # the adapter's size as PEFT built it; None: Shape.lora_params's count
 
     @property
     def kernels(self) -> str:
@@ -281,7 +282,7 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     if st.method == "full":
         trainable, tb = n - s.extra_params, e
     else:
-        trainable = s.lora_params(st.lora_r, st.lora_targets)
+        trainable = st.lora_params if st.lora_params is not None else s.lora_params(st.lora_r, st.lora_targets)
         # PEFT upcasts adapters to fp32 (bf16 base); TRL keeps QLoRA adapters in bf16
         tb = 4 if st.method == "lora" and st.backend == "hf" else e
         parts["weights"] += trainable * tb

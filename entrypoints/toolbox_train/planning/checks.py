@@ -8,6 +8,7 @@ so this module imports nothing heavy at import time: no trainer, no TRL, no torc
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class Plan:
     gradient_checkpointing: bool | str = True  # resolved (train.gradient_checkpointing: auto)
     memory: Any = None  # decisions.TrainPlan: the memory plan and why checkpointing is what it is
     sync: str = SYNC_DEFAULT  # every-step or local-sgd:K (see sync.py)
+    lora_params: int | None = None  # the adapter's size as PEFT built it (meta device), where the planner's arithmetic falls short
     # A later check's message on a config field, prefixed with where the field is written.
     locate: Callable[[str], str] = field(default=lambda message: message, repr=False)
 
@@ -323,7 +325,9 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         p.notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
                        f"{', '.join(experts)} (one rank-{cfg.lora.r} adapter per expert)")
     elif cfg.method != "full" and backend == "hf" and moe_experts(mc):
-        peft_conversion_problem(p)
+        p.lora_params = peft_converted_adapter(p)
+        p.notes.append(f"lora: PEFT adapts {mc.model_type}'s experts itself: {p.lora_params:,} adapter parameters "
+                       "(built on the meta device), counted in the memory plan")
     if target is not None:
         device_memory = device_memory or f"{target.memory_gib}GiB"
         p.notes.append(f"planned for {target.describe()}: backend {backend}, liger {bool(liger)}, precision "
@@ -350,19 +354,21 @@ def moe_experts(mc) -> int:
     return getattr(t, "num_experts", 0) or getattr(t, "num_local_experts", 0) or 0
 
 
-def peft_conversion_problem(p: Plan) -> None:
+def peft_converted_adapter(p: Plan) -> int:
     """PEFT converts the experts of Qwen2/3-MoE, Mixtral, OLMoE, ... itself (transformers 5 fused them into
-    3-D parameters) and refuses some target sets, e.g. gate_proj without up_proj (one fused parameter now).
-    The adapter is built on the meta device here, so that such a set is one line naming the field before
-    any weights load or any file is written, not an error after loading."""
+    3-D parameters): it adapts them (gate_up_proj at rank 2r, with all-linear the router too) and refuses
+    some target sets, e.g. gate_proj without up_proj (one fused parameter now). The adapter is built on the
+    meta device here, so that such a set is one line naming the field before any weights load or any file
+    is written, and the memory plan counts the adapter PEFT builds (the arithmetic knows GPT-OSS's only)."""
     from ..training import resume
 
     try:
-        resume.expected_weights(p)
+        shapes, _ = resume.expected_weights(p)
     except ValueError as e:  # PeftError is one; only PEFT's target messages are about this field
         if "target" in str(e).lower():
             raise UserError(f"lora.target_modules: {p.cfg.lora.target_modules}: {e}") from None
         raise
+    return sum(math.prod(shape) for shape in shapes.values())
 
 
 def lora_target_parameters(p: Plan) -> list[str]:
@@ -388,7 +394,7 @@ def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, ref
     try:
         unified = unified or probe and decisions.unified_memory(Dist.from_env().local_rank)
         tp = decisions.plan_training(p.cfg, p.model_config, p.backend, p.liger, p.world_size, fsdp,
-                                   p.precision, dev, gpu=p.gpu, unified=unified)
+                                   p.precision, dev, gpu=p.gpu, unified=unified, lora_params=p.lora_params)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
         p.gradient_checkpointing = True if p.cfg.train.gradient_checkpointing == "auto" \
             else p.cfg.train.gradient_checkpointing

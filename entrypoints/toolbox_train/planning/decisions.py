@@ -223,8 +223,9 @@ def unified_memory(local_rank: int = 0) -> bool:
 
 def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
                   precision: str = "bf16", device_bytes: float | None = None, gpu: bool = True,
-                  unified: bool = False) -> TrainPlan:
-    """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`."""
+                  unified: bool = False, lora_params: int | None = None) -> TrainPlan:
+    """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`. `lora_params`: the
+    adapter's size where PEFT built it (planning.checks), in place of the arithmetic's count."""
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
@@ -236,7 +237,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
                  reference_copy=objective != "sft" and reference(cfg) == "copy", precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
-                 head="chunked" if gpu else "full", unified_memory=unified)  # TRL's fused head is a GPU kernel; on CPU the model's loss
+                 head="chunked" if gpu else "full", unified_memory=unified, lora_params=lora_params)  # TRL's fused head is a GPU kernel; on CPU the model's loss
     batch_reason = ""
     if t.per_device_batch_size == "auto":
         per_dev = t.batch_size // world_size if t.batch_size else None
