@@ -8,7 +8,6 @@ so this module imports nothing heavy at import time: no trainer, no TRL, no torc
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -316,18 +315,10 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         raise UserError("output.tensorboard: true needs the tensorboard package (pip install tensorboard)")
     p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
              precision, bool(liger), sync=sync_mode)
-    experts = lora_target_parameters(p)
-    if experts:
-        if cfg.lora.dropout and backend == "hf":  # peft's ParamWrapper raises on it (Unsloth's path: not checked)
-            raise UserError(f"lora.dropout: {cfg.lora.dropout}: PEFT's adapters on {mc.model_type}'s fused experts "
-                            f"({', '.join(experts)}) take no dropout; set it to 0, or leave gate_proj/up_proj/"
-                            "down_proj out of lora.target_modules")
-        p.notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
-                       f"{', '.join(experts)} (one rank-{cfg.lora.r} adapter per expert)")
-    elif cfg.method != "full" and backend == "hf" and moe_experts(mc):
-        p.lora_params = peft_converted_adapter(p)
-        p.notes.append(f"lora: PEFT adapts {mc.model_type}'s experts itself: {p.lora_params:,} adapter parameters "
-                       "(built on the meta device), counted in the memory plan")
+    if cfg.method != "full":
+        from ..training.lora import check_adapter  # lazily: training.lora -> ... -> planning.checks
+
+        check_adapter(p)  # MoE experts: what PEFT adapts and refuses, and the adapter's size
     if target is not None:
         device_memory = device_memory or f"{target.memory_gib}GiB"
         p.notes.append(f"planned for {target.describe()}: backend {backend}, liger {bool(liger)}, precision "
@@ -347,28 +338,6 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
 
             resume_check.check(p.resume_from, p)  # another model/method/backend/shape: before anything changes
     return p
-
-
-def moe_experts(mc) -> int:
-    t = text_config(mc)
-    return getattr(t, "num_experts", 0) or getattr(t, "num_local_experts", 0) or 0
-
-
-def peft_converted_adapter(p: Plan) -> int:
-    """PEFT converts the experts of Qwen2/3-MoE, Mixtral, OLMoE, ... itself (transformers 5 fused them into
-    3-D parameters): it adapts them (gate_up_proj at rank 2r, with all-linear the router too) and refuses
-    some target sets, e.g. gate_proj without up_proj (one fused parameter now). The adapter is built on the
-    meta device here, so that such a set is one line naming the field before any weights load or any file
-    is written, and the memory plan counts the adapter PEFT builds (the arithmetic knows GPT-OSS's only)."""
-    from ..training import resume
-
-    try:
-        shapes, _ = resume.expected_weights(p)
-    except ValueError as e:  # PeftError is one; only PEFT's target messages are about this field
-        if "target" in str(e).lower():
-            raise UserError(f"lora.target_modules: {p.cfg.lora.target_modules}: {e}") from None
-        raise
-    return sum(math.prod(shape) for shape in shapes.values())
 
 
 def lora_target_parameters(p: Plan) -> list[str]:

@@ -1,11 +1,14 @@
 """The PEFT LoRA config of a run (which modules get adapters), shared by the HF loader (models)
-and the resume check (resume), which builds the same adapter on the meta device. It imports no
-planning module: models imports planning.checks, and planning.checks calls resume."""
+and the resume check (resume); the adapter built on the meta device (its shapes, for resume and the
+planner); the checks' part on MoE adapters (check_adapter, called by planning.checks). It imports no
+planning module but arithmetic: models imports planning.checks, and planning.checks calls resume."""
 
 from __future__ import annotations
 
+import math
 import re
 
+from ..cli import UserError
 from ..planning.arithmetic import LORA_ALL_LINEAR, expert_targets
 
 # Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
@@ -38,3 +41,52 @@ def peft_config(p):
     experts = lora_target_parameters(p)
     return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
                       bias="none", task_type="CAUSAL_LM", **({"target_parameters": experts} if experts else {}))
+
+
+def meta_model(p):
+    """The run's model, built from its config on the meta device (no memory, no weights read)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
+
+
+def adapter_shapes(p) -> dict[str, list[int]]:
+    """Name -> shape of the PEFT adapter this run trains and saves, built on the meta device."""
+    from peft import get_peft_model, get_peft_model_state_dict
+
+    sd = get_peft_model_state_dict(get_peft_model(meta_model(p), peft_config(p)))
+    return {k: list(v.shape) for k, v in sd.items()}
+
+
+def check_adapter(p) -> None:
+    """The checks' part on MoE adapters (`p`: the Plan being built; LoRA methods only). GPT-OSS: the expert
+    parameters the HF path adds (lora_target_parameters), which take no dropout in PEFT. The families PEFT
+    converts itself (Qwen2/3-MoE, Mixtral, OLMoE, ...; transformers 5 fused their experts into 3-D parameters):
+    PEFT adapts the experts (gate_up_proj at rank 2r, with all-linear the router too) and refuses some target
+    sets, e.g. gate_proj without up_proj (one fused parameter now). Their adapter is built on the meta device
+    here, so that such a set is one line naming the field before any weights load or any file is written,
+    and the memory plan counts what PEFT builds (the arithmetic knows GPT-OSS's experts only)."""
+    cfg, mc = p.cfg, p.model_config
+    experts = lora_target_parameters(p)
+    if experts:
+        if cfg.lora.dropout and p.backend == "hf":  # peft's ParamWrapper raises on it (Unsloth's path: not checked)
+            raise UserError(f"lora.dropout: {cfg.lora.dropout}: PEFT's adapters on {mc.model_type}'s fused experts "
+                            f"({', '.join(experts)}) take no dropout; set it to 0, or leave gate_proj/up_proj/"
+                            "down_proj out of lora.target_modules")
+        p.notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
+                       f"{', '.join(experts)} (one rank-{cfg.lora.r} adapter per expert)")
+        return
+    text = mc.get_text_config() if hasattr(mc, "get_text_config") else mc
+    if p.backend != "hf" or not (getattr(text, "num_experts", 0) or getattr(text, "num_local_experts", 0)):
+        return
+    try:
+        shapes = adapter_shapes(p)
+    except ValueError as e:  # PeftError is one; only PEFT's target messages are about this field
+        if "target" in str(e).lower():
+            raise UserError(f"lora.target_modules: {cfg.lora.target_modules}: {e}") from None
+        raise
+    p.lora_params = sum(math.prod(shape) for shape in shapes.values())
+    p.notes.append(f"lora: PEFT adapts {mc.model_type}'s experts itself: {p.lora_params:,} adapter parameters "
+                   "(built on the meta device), counted in the memory plan")

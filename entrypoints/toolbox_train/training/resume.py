@@ -68,23 +68,17 @@ def _weights_header(cp: Path) -> dict[str, list[int]] | None:
 def expected_weights(p) -> tuple[dict[str, list[int]], list[set[str]]]:
     """(name -> shape, groups of names of one tied tensor) of what this config's run saves:
     the PEFT adapter's state dict, or the whole model's parameters (method full)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    from .lora import adapter_shapes, meta_model
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
-    if p.cfg.method == "full":
-        groups: dict[int, set[str]] = {}
-        for name, prm in model.named_parameters(remove_duplicate=False):
-            groups.setdefault(id(prm), set()).add(name)
-        shapes = {n: list(prm.shape) for n, prm in model.named_parameters(remove_duplicate=False)}
-        return shapes, list(groups.values())
-    from peft import get_peft_model, get_peft_model_state_dict
-
-    from .lora import peft_config
-
-    sd = get_peft_model_state_dict(get_peft_model(model, peft_config(p)))
-    return {k: list(v.shape) for k, v in sd.items()}, [{k} for k in sd]
+    if p.cfg.method != "full":
+        shapes = adapter_shapes(p)
+        return shapes, [{k} for k in shapes]
+    model = meta_model(p)
+    groups: dict[int, set[str]] = {}
+    for name, prm in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(prm), set()).add(name)
+    shapes = {n: list(prm.shape) for n, prm in model.named_parameters(remove_duplicate=False)}
+    return shapes, list(groups.values())
 
 
 def _some(names, n=3) -> str:
