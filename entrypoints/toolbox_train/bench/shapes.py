@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..cli import UserError
+from ..planning.arithmetic import moe_experts
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(  # Llama-3.2-1B
@@ -92,7 +93,7 @@ def matmul_params(cfg: dict) -> int:
     hd = cfg.get("head_dim") or h // nh
     attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
     mlp = 3 * h * cfg["intermediate_size"]  # gate, up, down (an expert's gate_up_proj is gate and up)
-    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    experts = moe_experts(cfg)
     if experts:
         mlp = cfg["num_experts_per_tok"] * mlp + h * experts  # the active experts + the router
     return L * (attn + mlp) + h * cfg["vocab_size"]

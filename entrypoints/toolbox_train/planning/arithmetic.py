@@ -57,6 +57,13 @@ def expert_targets(model_type: str, targets: tuple[str, ...] | list[str] | str =
     return [param for param, mlp in FUSED_EXPERTS.get(model_type, ()) if any(n in names for n in mlp)]
 
 
+def moe_experts(cfg: Mapping[str, Any] | Any) -> int:
+    """Experts per layer of a config.json dict or a transformers config (its text part); 0: a dense MLP."""
+    d = cfg if isinstance(cfg, Mapping) else cfg.to_dict()
+    text = d.get("text_config") or d
+    return text.get("num_local_experts") or text.get("num_experts") or 0
+
+
 def parse_size(text: str) -> int:
     """'128GiB', '128G' (binary), '137GB' (decimal), '1.5TiB', or plain bytes -> bytes."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)(B?)\s*", str(text), re.IGNORECASE)
@@ -98,7 +105,7 @@ class Shape:
         vision = d.get("vision_config")
         mt = text.get("model_type") or d.get("model_type", "")
         h, nh = text["hidden_size"], text["num_attention_heads"]
-        experts = text.get("num_local_experts") or text.get("num_experts") or 0
+        experts = moe_experts(text)
         return cls(
             model_type=mt, hidden=h, layers=text["num_hidden_layers"], heads=nh,
             kv_heads=text.get("num_key_value_heads") or nh, head_dim=text.get("head_dim") or h // nh,

@@ -9,7 +9,7 @@ import math
 import re
 
 from ..cli import UserError
-from ..planning.arithmetic import LORA_ALL_LINEAR, expert_targets
+from ..planning.arithmetic import LORA_ALL_LINEAR, expert_targets, moe_experts
 
 # Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
 VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
@@ -78,8 +78,7 @@ def check_adapter(p) -> None:
         p.notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
                        f"{', '.join(experts)} (one rank-{cfg.lora.r} adapter per expert)")
         return
-    text = mc.get_text_config() if hasattr(mc, "get_text_config") else mc
-    if p.backend != "hf" or not (getattr(text, "num_experts", 0) or getattr(text, "num_local_experts", 0)):
+    if p.backend != "hf" or not moe_experts(mc):
         return
     try:
         shapes = adapter_shapes(p)
