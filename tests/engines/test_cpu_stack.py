@@ -130,6 +130,7 @@ def _steps(build_out: str) -> list[tuple[str, str | None]]:
 def drop_images_built_with(text: str, rounds: int = 20) -> list[str]:
     """Remove every local image (intermediates too) with a history entry containing `text`;
     children go before parents, a round at a time. Returns the ids still left."""
+    hits = ["(podman image inspect gave no JSON)"]  # what is returned if no round could read the images
     for _ in range(rounds):
         ids = sorted(set(podman("images", "-aq", "--no-trunc", check=False).stdout.split()))
         if not ids:
