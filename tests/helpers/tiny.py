@@ -20,7 +20,18 @@ _SUBJECTS = ["the cat", "a dog", "the bird", "my friend", "the robot", "a child"
 _VERBS = ["sees", "likes", "finds", "takes", "wants", "makes"]
 _OBJECTS = ["the ball", "a red box", "some bread", "the blue car", "a small tree", "the moon"]
 
+# The assistant's turns inside {% generation %} markers (as TRL's training templates have them), so
+# assistant-only loss (data.train_on: responses) can find them; PLAIN_CHAT_TEMPLATE renders the same
+# text without them (most models' shipped templates).
 CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "<|assistant|>{% generation %}{{ message['content'] }}<|end|>{% endgeneration %}\n"
+    "{% else %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+PLAIN_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>\n"
     "{% endfor %}"

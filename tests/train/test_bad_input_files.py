@@ -93,7 +93,7 @@ def test_a_role_the_chat_template_rejects_names_its_row(setup, capsys):
     (strict / "chat_template.jinja").write_text(
         "{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
         "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
-        "<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}")
+        "<|{{ m['role'] }}|>{% generation %}{{ m['content'] }}<|end|>{% endgeneration %}\n{% endfor %}")
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     rows = [good] * 6 + [{"messages": [{"role": "robot", "content": "beep"}]}] + [good]
     chat = _jsonl(tmp / "chat.jsonl", rows)

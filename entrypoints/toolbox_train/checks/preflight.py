@@ -30,18 +30,45 @@ def _rows(ds, column: str):
         yield from batch[column]
 
 
-def check_chat_template(tok, ds, locate: Locate, field: str) -> None:
+def assistant_template(p: Plan, tok) -> str | None:
+    """data.train_on: responses on chat rows: the template TRL's SFTTrainer masks the assistant turns with
+    (None: the model's own, which has {% generation %} markers; else TRL's training template for it),
+    or a refusal where there is none (TRL would raise once the model had loaded)."""
+    import trl
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if has_generation_markers(tok.chat_template):
+        return None
+    try:
+        return get_training_chat_template(tok)
+    except ValueError:
+        raise UserError(f"data.train_on: responses (the default) trains on the assistant turns, but the chat template "
+                        f"of {p.model_path} has no {{% generation %}} markers to find them and TRL {trl.__version__} "
+                        "has no training template for it; set data.train_on: all (every token), or give the "
+                        "tokenizer a chat template with the markers") from None
+
+
+def check_chat_template(tok, ds, locate: Locate, field: str, masks: bool = False, template: str | None = None) -> None:
+    """Every conversation through the chat template; with `masks` (assistant-only loss), through the
+    template that marks the assistant turns, and each must have some (TRL raises on one without)."""
     bad: list[tuple[str, str]] = []
     count = total = 0
     for i, messages in enumerate(_rows(ds, "messages")):
         total += 1
         try:
-            tok.apply_chat_template(messages, tokenize=False)
+            if not masks:
+                tok.apply_chat_template(messages, tokenize=False)
+                continue
+            out = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True,
+                                          return_assistant_tokens_mask=True)
+            if 1 in out["assistant_masks"]:
+                continue
+            why = "no assistant turn to train on (data.train_on: responses)"
         except Exception as exc:  # jinja2's TemplateError (raise_exception), or no template at all
-            count += 1
-            if len(bad) < NAMED:
-                reason = first_line(exc)
-                bad.append((locate(i), f"the model's chat template rejects this conversation: {reason[:200]}"))
+            why = f"the model's chat template rejects this conversation: {first_line(exc)[:200]}"
+        count += 1
+        if len(bad) < NAMED:
+            bad.append((locate(i), why))
     refuse(bad, count, total, field)
 
 
@@ -111,9 +138,14 @@ def validate(p: Plan):
     except UserError as exc:
         raise UserError(p.locate(str(exc))) from None
 
+    masks = p.cfg.objective == "sft" and p.cfg.data.train_on == "responses"
+    template: list = []  # assistant_template's, once there are chat rows
+
     def check(ds, fmt: str, locate: Locate, field: str) -> None:
         if fmt == "messages":
-            check_chat_template(tok, ds, locate, field)
+            if masks and tok.chat_template and not template:
+                template.append(assistant_template(p, tok))
+            check_chat_template(tok, ds, locate, field, masks and bool(tok.chat_template), template and template[0])
         elif fmt == "alpaca" and not p.cfg.data.packing:  # packing chunks rows instead of truncating
             check_completion_lengths(tok, ds, locate, field, p.cfg.data.max_seq_length)
         elif fmt in pref_rows.FORMATS:

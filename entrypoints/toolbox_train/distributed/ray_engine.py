@@ -199,8 +199,8 @@ def _inputs(r: dict) -> list[Path]:
     found = [Path(r["finetune_args"].config).resolve()]
     if Path(p.model_path).exists():
         found.append(Path(p.model_path).resolve())
-    for path in (p.cfg.data.path, p.cfg.data.eval_path):
-        local = resolve_local(path, p.base) if path else None
+    for path in p.cfg.data.paths():
+        local = resolve_local(path, p.base)
         if local is not None:
             found.append(local)
     return found

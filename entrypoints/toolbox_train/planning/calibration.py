@@ -164,8 +164,8 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
     if "notokens" in variant:  # the Trainer's per-step num_input_tokens_seen (a gather and a sync)
         orig = sft_config.sft_args
 
-        def sft_args(p, dist):
-            a = orig(p, dist)
+        def sft_args(p, dist, *more):
+            a = orig(p, dist, *more)
             a.include_num_input_tokens_seen = "no"
             return a
 

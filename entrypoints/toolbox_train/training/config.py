@@ -37,14 +37,42 @@ class ModelCfg(_Strict):
     _path = field_validator("path")(_openable)
 
 
-class DataCfg(_Strict):
+FORMATS = Literal["auto", "text", "alpaca", "messages", "preference", "unpaired", "prompt"]
+# The keys a source of a mixture owns; with data.sources they are written per source, not under data.
+SOURCE_KEYS = ("format", "split", "text_field", "eval_path", "eval_split")
+
+
+class SourceCfg(_Strict):
+    """One source of a mixture (data.sources): its own file, format, field names and eval split."""
     path: str = Field(description="JSONL/Parquet/CSV file, a saved `datasets` folder, or a hub id")
-    format: Literal["auto", "text", "alpaca", "messages", "preference", "unpaired", "prompt"] = Field(
+    format: FORMATS = "auto"
+    split: str = "train"
+    text_field: str = "text"
+    weight: float | None = Field(None, gt=0, description="the source's share of the mixture's rows, relative to "
+                                 "the other sources' weights; on every source or on none (none: every row once)")
+    eval_path: str | None = None
+    eval_split: float = Field(0.0, ge=0.0, lt=1.0, description="fraction of this source held out for eval")
+
+    _paths = field_validator("path", "eval_path")(_openable)
+
+
+class DataCfg(_Strict):
+    path: str | None = Field(None, description="JSONL/Parquet/CSV file, a saved `datasets` folder, or a hub id")
+    sources: list[SourceCfg] | None = Field(None, min_length=1, description="several sources mixed into one "
+                                            "training set, instead of data.path")
+    format: FORMATS = Field(
         "auto", description="auto: detected for sft; preference (dpo, orpo), unpaired (kto), prompt (grpo)")
     split: str = "train"
     text_field: str = "text"
     eval_path: str | None = None
     eval_split: float = Field(0.0, ge=0.0, lt=1.0, description="fraction held out for eval when eval_path is unset")
+    stopping_strategy: Literal["first_exhausted", "all_exhausted"] = Field(
+        "first_exhausted", description="weighted sources (datasets.interleave_datasets): first_exhausted: the "
+        "mixture ends when a source runs out (no row twice); all_exhausted: smaller sources repeat until every "
+        "source has been seen whole")
+    train_on: Literal["responses", "all"] = Field(
+        "responses", description="sft's loss: responses: the assistant turns of chat rows (TRL's "
+        "assistant_only_loss), the completion of prompt/completion rows (completion_only_loss); all: every token")
     max_seq_length: int = Field(1024, gt=0)
     packing: bool = False
     shuffle: bool = True
@@ -53,6 +81,32 @@ class DataCfg(_Strict):
         "device trains; auto: 1 with a GPU, 0 (in the training process) on a CPU")
 
     _paths = field_validator("path", "eval_path")(_openable)
+
+    def each_source(self) -> list:
+        """The sources (data.sources), or this section itself as the one source (data.path)."""
+        return list(self.sources) if self.sources else [self]
+
+    def has_eval(self) -> bool:
+        return any(s.eval_path or s.eval_split > 0 for s in self.each_source())
+
+    def paths(self) -> list[str]:
+        """Every data file or folder the run reads (train and eval, of every source)."""
+        return [x for s in self.each_source() for x in (s.path, s.eval_path) if x]
+
+    def problem(self) -> str | None:
+        """What the field checks cannot see: path or sources, and the weights on all sources or none."""
+        if self.sources is None:
+            return None if self.path else "data.path: required (or data.sources, a list of sources)"
+        if self.path:
+            return "data.sources: give data.path or data.sources, not both"
+        for key in SOURCE_KEYS:
+            if key in self.model_fields_set:
+                return f"data.{key}: with data.sources it is set per source (data.sources.N.{key})"
+        weighted = [s.weight is not None for s in self.sources]
+        if any(weighted) and not all(weighted):
+            i = weighted.index(False)
+            return f"data.sources.{i}.weight: required when another source has a weight (on every source or none)"
+        return None
 
 
 class LoraCfg(_Strict):
@@ -237,15 +291,18 @@ def load_located(config: dict | str | Path, overrides: Sequence[str] = ()) -> tu
         raise UserError(_fmt_errors(exc, source, marks, set_keys)) from None
 
     def where(message: str) -> str:
-        m = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", message)
+        m = re.match(r"([a-z_]+(?:\.(?:[a-z_]+|\d+))*): ", message)  # data.sources.1.weight: a list item's index
         if not m or m.group(1).split(".")[0] not in TrainConfig.model_fields:
             return message
         field = m.group(1)
         if any(field == k or field.startswith(k + ".") for k in set_keys):
             return f"--set {message}"
-        path = tuple(field.split("."))
+        path = tuple(int(x) if x.isdigit() else x for x in field.split("."))
         while path and path not in marks:
             path = path[:-1]
         return f"{source}:{marks[path][0]}: {message}" if path in marks else f"{source}: {message}"
 
+    why = cfg.data.problem()
+    if why:
+        raise UserError(where(why))
     return cfg, base, where

@@ -149,39 +149,51 @@ def shape(ds, fmt: str, text_field: str, path: str):
 Check = Callable[[Any, str, Locate, str], None]
 
 
-def data_format(cfg) -> str:
+def data_format(cfg, have: str | None = None, field: str = "data.format") -> str:
     """The format the objective reads: SFT's are detected (`auto`) or named; each preference
-    objective reads one of TRL's types, which `data.format` may name but not contradict."""
+    objective reads one of TRL's types, which `data.format` (or a source's) may name but not contradict."""
     want = DATA_FORMAT.get(cfg.objective)
-    have = cfg.data.format
+    have = cfg.data.format if have is None else have
     if want is None and have in pref_rows.FORMATS:
-        raise UserError(f"data.format: {have} is data for "
+        raise UserError(f"{field}: {have} is data for "
                         f"{'/'.join(k for k, v in DATA_FORMAT.items() if v == have)}, not objective sft")
     if want is not None and have not in ("auto", want):
-        raise UserError(f"data.format: objective {cfg.objective} trains on {want} rows "
+        raise UserError(f"{field}: objective {cfg.objective} trains on {want} rows "
                         f"({pref_rows.HINT[want]}), not {have}")
     return want or have
 
 
 def load_datasets(cfg, base: Path, check: Check | None = None):
     """(train, eval or None, format) for the config's `data` section, every row checked."""
+    if cfg.data.sources:
+        from .mixture import load_mixture
+
+        return load_mixture(cfg, base, check)
     d = cfg.data
-    fmt = data_format(cfg)
-    train, fmt, where = load_raw(d.path, d.split, base, "data.path", fmt, d.text_field)
-    train = shape(train, fmt, d.text_field, d.path)
+    train, fmt, where = load_raw(d.path, d.split, base, "data.path", data_format(cfg), d.text_field)
+    return prepare(cfg, d, "data", base, (train, fmt, where), check)
+
+
+def prepare(cfg, src, field: str, base: Path, raw, check: Check | None = None, shaper=None):
+    """(train, eval or None, format) of one source (`src`: data, or one of data.sources, named `field`)
+    loaded by load_raw (`raw`): shaped (by `shaper(dataset, format)` -> (dataset, format) where given),
+    checked, and its eval rows loaded (eval_path) or held out (eval_split) under the seed."""
+    train, fmt, where = raw
+    shaper = shaper or (lambda ds, f: (shape(ds, f, src.text_field, src.path), f))
+    train, fmt = shaper(train, fmt)
     if check:
-        check(train, fmt, where, "data.path")
+        check(train, fmt, where, f"{field}.path")
     evald = None
-    if d.eval_path:
-        evald, _, where = load_raw(d.eval_path, d.split, base, "data.eval_path", fmt, d.text_field)
-        evald = shape(evald, fmt, d.text_field, d.eval_path)
+    if src.eval_path:
+        evald, efmt, where = load_raw(src.eval_path, src.split, base, f"{field}.eval_path", raw[1], src.text_field)
+        evald, _ = shaper(evald, efmt)
         if check:
-            check(evald, fmt, where, "data.eval_path")
-    elif d.eval_split > 0:
-        held = math.ceil(d.eval_split * len(train))  # what train_test_split holds out
+            check(evald, fmt, where, f"{field}.eval_path")
+    elif src.eval_split > 0:
+        held = math.ceil(src.eval_split * len(train))  # what train_test_split holds out
         if len(train) - held < 1:
-            raise UserError(f"data.eval_split: {d.eval_split} of {len(train)} rows holds out {held}, leaving no "
-                            "training rows; lower it or give data.eval_path")
-        parts = train.train_test_split(test_size=d.eval_split, seed=cfg.train.seed)
+            raise UserError(f"{field}.eval_split: {src.eval_split} of {len(train)} rows holds out {held}, leaving no "
+                            f"training rows; lower it or give {field}.eval_path")
+        parts = train.train_test_split(test_size=src.eval_split, seed=cfg.train.seed)
         train, evald = parts["train"], parts["test"]
     return train, evald, fmt

@@ -30,6 +30,7 @@ from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, P
 from ..planning.decisions import TARGETS
 from ..planning.arithmetic import GiB
 from . import checkpoints, report
+from .config import SOURCE_KEYS
 from .objectives import trainers
 from .objectives.config import DATA_FORMAT, reference
 from .runs import METRICS, SUMMARY
@@ -73,6 +74,9 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
         _trim_metrics(p.out / METRICS, 0)  # starting over: the lines of the lost steps go
     resolved = p.cfg.model_dump(mode="json")
     resolved["model"]["path"] = p.model_path
+    # One form of data: a single path's keys, or the sources (which own those keys)
+    for key in (("path", *SOURCE_KEYS) if p.cfg.data.sources else ("sources", "stopping_strategy")):
+        resolved["data"].pop(key)
     for other in OBJECTIVE_SECTIONS - {p.cfg.objective}:  # the objective's own section is the one used
         resolved.pop(other)
     resolved["_resolved"] = {"backend": p.backend, "precision": p.precision, "world_size": p.world_size,
@@ -136,7 +140,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     summary: dict[str, Any] = {"output_dir": str(p.out)}
     callbacks = [Metrics(p.out / METRICS, summary), *callbacks]
     if p.cfg.objective == "sft":
-        args = sft_args(p, dist)
+        args = sft_args(p, dist, fmt)
         trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                           processing_class=tok, peft_config=peft_cfg, plan=p, callbacks=callbacks)
     else:

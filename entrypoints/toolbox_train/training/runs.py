@@ -100,7 +100,7 @@ class RunModel:
         from .data import load_datasets
 
         cfg = resolved_config(self.run, self.resolved)
-        if not (cfg.data.eval_path or cfg.data.eval_split > 0):
+        if not cfg.data.has_eval():
             raise UserError(f"--run {self.run}: the run had no eval split (data.eval_path / data.eval_split); "
                             "pass --data FILE")
         _, evald, _ = load_datasets(cfg, Path(self.resolved.get("_base", "/")))

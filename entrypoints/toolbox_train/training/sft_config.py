@@ -8,12 +8,19 @@ import os
 from ..planning.checks import Dist, Plan, using_fsdp
 
 
-def sft_args(p: Plan, dist: Dist):
+def sft_args(p: Plan, dist: Dist, fmt: str = "text"):
+    """`fmt`: the data format (data.py) the loss masking follows (data.train_on)."""
     from trl import SFTConfig
 
     c = p.cfg
+    responses = c.data.train_on == "responses"
+    # TRL's own masks: assistant turns through the chat template's {% generation %} markers (TRL swaps in its
+    # training template for the models it knows; checks/preflight.py refuses the others before loading),
+    # completions of prompt/completion rows (alpaca). Text rows have neither: every token.
     return SFTConfig(**common_args(p, dist), max_length=c.data.max_seq_length, packing=c.data.packing,
-                     shuffle_dataset=c.data.shuffle, dataset_text_field="text", use_liger_kernel=p.liger)
+                     shuffle_dataset=c.data.shuffle, dataset_text_field="text", use_liger_kernel=p.liger,
+                     assistant_only_loss=responses and fmt == "messages",
+                     completion_only_loss=responses and fmt == "alpaca")
 
 
 def common_args(p: Plan, dist: Dist) -> dict:
@@ -24,7 +31,7 @@ def common_args(p: Plan, dist: Dist) -> dict:
     # fsdp_activation_checkpointing does it (transformers refuses both at once).
     hf_gc = bool(gc) and p.backend == "hf" and not using_fsdp()
     workers = c.data.loader_workers if c.data.loader_workers != "auto" else (1 if p.gpu else 0)
-    has_eval = bool(c.data.eval_path or c.data.eval_split > 0)
+    has_eval = c.data.has_eval()
     if o.tensorboard:
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(p.out / "tensorboard"))
     return dict(
