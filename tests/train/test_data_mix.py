@@ -184,6 +184,31 @@ def test_each_source_holds_out_its_own_eval_rows(tmp_path):
     assert again == ev  # the split is seeded
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_source_names_its_own_columns(tmp_path, suffix):
+    import csv
+
+    rows = [{"question": f"Repeat {i}.", "context": "", "answer": f"the cat {i}", "output": "stale"} for i in range(6)]
+    qa = tmp_path / f"qa{suffix}"
+    if suffix == ".jsonl":
+        _lines(qa, rows)
+    else:
+        with qa.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    chat = _lines(tmp_path / "dialog.jsonl", [{"dialog": [{"role": "user", "content": "hi"},
+                                                          {"role": "assistant", "content": "yo"}]}] * 4)
+    sources = [{"path": str(chat), "fields": {"messages": "dialog"}},
+               {"path": str(qa), "fields": {"instruction": "question", "input": "context", "output": "answer"}}]
+    train, _, fmt = _mix(tmp_path, sources)
+    assert fmt == "messages" and len(train) == 10
+    answers = sorted(r[1]["content"] for r in train["messages"] if r[0]["content"] != "hi")
+    assert answers == [f"the cat {i}" for i in range(6)]  # the mapped column, not the file's own `output`
+    with pytest.raises(UserError, match=rf"data.sources.1.fields.output: {qa}: no column 'reply'"):
+        _mix(tmp_path, [sources[0], {**sources[1], "fields": {"instruction": "question", "output": "reply"}}])
+
+
 def test_chat_and_alpaca_sources_train_together_on_the_responses(tmp_path, tiny_model):
     chat = write_dataset(tmp_path / "chat.jsonl", "messages", n=24)
     alpaca = write_dataset(tmp_path / "alpaca.jsonl", "alpaca", n=24, seed=1)
@@ -232,6 +257,7 @@ def test_a_resumed_mixture_sees_the_same_rows(tmp_path, tiny_model, monkeypatch)
     ([{"path": "A", "weight": 1}, {"path": "B", "weight": 0}], {}, ["data.sources.1.weight", "greater than 0"]),
     ([{"path": "A", "weight": 1}, {"path": "B"}], {}, ["data.sources.1.weight: required when another source"]),
     ([{"path": "A", "colour": "red"}], {}, ["data.sources.0.colour: unknown key"]),
+    ([{"path": "A", "fields": {"answer": "x"}}], {}, ["data.sources.0.fields: 'answer' is not a field"]),
     ([{"path": "A"}, {"path": "missing.jsonl"}], {}, ["data.sources.1.path:", "missing.jsonl: no such file"]),
     ([{"path": "A"}], {"path": "A"}, ["data.sources: give data.path or data.sources, not both"]),
     ([{"path": "A"}], {"eval_split": 0.1}, ["data.eval_split: with data.sources it is set per source"]),

@@ -39,7 +39,25 @@ class ModelCfg(_Strict):
 
 FORMATS = Literal["auto", "text", "alpaca", "messages", "preference", "unpaired", "prompt"]
 # The keys a source of a mixture owns; with data.sources they are written per source, not under data.
-SOURCE_KEYS = ("format", "split", "text_field", "eval_path", "eval_split")
+SOURCE_KEYS = ("format", "split", "text_field", "fields", "eval_path", "eval_split")
+# The formats' field names a file's own column names may be mapped to (text's is data.text_field).
+FIELD_NAMES = ("instruction", "input", "output", "messages", "prompt", "chosen", "rejected", "completion", "label")
+
+
+def _fields(v: dict[str, str]) -> dict[str, str]:
+    for key, col in v.items():
+        if key not in FIELD_NAMES:
+            hint = "; text's column is text_field" if key == "text" else ""
+            raise ValueError(f"{key!r} is not a field of a data format ({', '.join(FIELD_NAMES)}){hint}")
+        if not col:
+            raise ValueError(f"{key}: an empty column name")
+    dup = {c for c in v.values() if list(v.values()).count(c) > 1}
+    if dup:
+        raise ValueError(f"column {sorted(dup)[0]!r} is named for two fields")
+    return v
+
+
+FIELDS_DOC = "the file's column for a format's field, e.g. {instruction: question, output: answer}"
 
 
 class SourceCfg(_Strict):
@@ -48,12 +66,14 @@ class SourceCfg(_Strict):
     format: FORMATS = "auto"
     split: str = "train"
     text_field: str = "text"
+    fields: dict[str, str] = Field(default_factory=dict, description=FIELDS_DOC)
     weight: float | None = Field(None, gt=0, description="the source's share of the mixture's rows, relative to "
                                  "the other sources' weights; on every source or on none (none: every row once)")
     eval_path: str | None = None
     eval_split: float = Field(0.0, ge=0.0, lt=1.0, description="fraction of this source held out for eval")
 
     _paths = field_validator("path", "eval_path")(_openable)
+    _columns = field_validator("fields")(_fields)
 
 
 class DataCfg(_Strict):
@@ -64,6 +84,7 @@ class DataCfg(_Strict):
         "auto", description="auto: detected for sft; preference (dpo, orpo), unpaired (kto), prompt (grpo)")
     split: str = "train"
     text_field: str = "text"
+    fields: dict[str, str] = Field(default_factory=dict, description=FIELDS_DOC)
     eval_path: str | None = None
     eval_split: float = Field(0.0, ge=0.0, lt=1.0, description="fraction held out for eval when eval_path is unset")
     stopping_strategy: Literal["first_exhausted", "all_exhausted"] = Field(
@@ -81,6 +102,7 @@ class DataCfg(_Strict):
         "device trains; auto: 1 with a GPU, 0 (in the training process) on a CPU")
 
     _paths = field_validator("path", "eval_path")(_openable)
+    _columns = field_validator("fields")(_fields)
 
     def each_source(self) -> list:
         """The sources (data.sources), or this section itself as the one source (data.path)."""

@@ -11,7 +11,7 @@ from ..cli import UserError, first_line
 from ..guards import special_file
 from .objectives import pref_rows
 from .objectives.config import DATA_FORMAT
-from .rowcheck import Locate, check_rows, detect_format, scan_jsonl
+from .rowcheck import Locate, check_rows, detect_format, missing_columns, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
@@ -82,8 +82,11 @@ def _load_hub(path: str, split: str, field: str):
                         f"(offline? set HF_HOME to a cache that has it): {exc}") from None
 
 
-def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field: str):
-    """(dataset, format, locate): every row checked against the format (detected when `auto`)."""
+def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field: str,
+             fields: dict[str, str] | None = None):
+    """(dataset, format, locate): every row checked against the format (detected when `auto`), the
+    file's columns renamed to the format's field names first (`fields`: format's -> file's)."""
+    columns = {col: name for name, col in (fields or {}).items()}
     local = resolve_local(path, base)
     locate: Locate | None = None
     if local is not None and local.is_dir() and any((local / f).exists() for f in ("dataset_dict.json", "state.json")):
@@ -91,7 +94,7 @@ def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field
     elif local is not None:
         files = _files_of(local, field)
         if all(f.suffix.lower() == ".jsonl" for f in files):
-            fmt, locate = scan_jsonl(files, fmt, text_field, field)  # before pyarrow sees the rows
+            fmt, locate = scan_jsonl(files, fmt, text_field, field, columns)  # before pyarrow sees the rows
         ds = _read(SUFFIX_BUILDER[files[0].suffix.lower()], files, field)
         where = str(files[0]) if len(files) == 1 else str(local)
     elif looks_like_hub_id(path):
@@ -100,6 +103,10 @@ def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field
         raise UserError(f"{field}: {path}: no such file or folder")
     if len(ds) == 0:
         raise UserError(f"{field}: {path}: the dataset is empty")
+    if columns:
+        missing_columns(ds.column_names, columns, field, where)
+        ds = ds.remove_columns([n for n in columns.values() if n in ds.column_names and n not in columns])
+        ds = ds.rename_columns(columns)
     if fmt == "auto":
         fmt = detect_format(ds.column_names, text_field, where)
     if locate is None:  # not JSONL: every row checked here, named by its index
@@ -170,7 +177,7 @@ def load_datasets(cfg, base: Path, check: Check | None = None):
 
         return load_mixture(cfg, base, check)
     d = cfg.data
-    train, fmt, where = load_raw(d.path, d.split, base, "data.path", data_format(cfg), d.text_field)
+    train, fmt, where = load_raw(d.path, d.split, base, "data.path", data_format(cfg), d.text_field, d.fields)
     return prepare(cfg, d, "data", base, (train, fmt, where), check)
 
 
@@ -185,7 +192,8 @@ def prepare(cfg, src, field: str, base: Path, raw, check: Check | None = None, s
         check(train, fmt, where, f"{field}.path")
     evald = None
     if src.eval_path:
-        evald, efmt, where = load_raw(src.eval_path, src.split, base, f"{field}.eval_path", raw[1], src.text_field)
+        evald, efmt, where = load_raw(src.eval_path, src.split, base, f"{field}.eval_path", raw[1], src.text_field,
+                                      src.fields)
         evald, _ = shaper(evald, efmt)
         if check:
             check(evald, fmt, where, f"{field}.eval_path")

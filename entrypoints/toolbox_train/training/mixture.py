@@ -74,7 +74,7 @@ def load_mixture(cfg, base: Path, check: Check | None = None):
     for i, src in enumerate(d.sources):
         field = f"data.sources.{i}"
         fmt = data_format(cfg, src.format, f"{field}.format")
-        raws.append(load_raw(src.path, src.split, base, f"{field}.path", fmt, src.text_field))
+        raws.append(load_raw(src.path, src.split, base, f"{field}.path", fmt, src.text_field, src.fields))
     target = _target([r[1] for r in raws])
     trains, evals = [], []
     for i, (src, raw) in enumerate(zip(d.sources, raws)):

@@ -99,9 +99,29 @@ def _objects(path: Path):
             yield n, obj
 
 
-def scan_jsonl(paths: list[Path], fmt: str, text_field: str, field: str) -> tuple[str, Locate]:
+def renamed(row: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
+    """The row with the file's columns under the format's names (`columns`: file's -> format's)."""
+    if not columns:
+        return row
+    out = {k: v for k, v in row.items() if k not in columns.values()}
+    out.update({columns[k]: v for k, v in row.items() if k in columns})
+    return out
+
+
+def missing_columns(have, columns: dict[str, str], field: str, where: str) -> None:
+    """A column `fields` names that the file does not have, named by its field."""
+    for col, name in columns.items():
+        if col not in have:
+            raise UserError(f"{field.rsplit('.', 1)[0]}.fields.{name}: {where}: no column {col!r} "
+                            f"(has {sorted(have)})")
+
+
+def scan_jsonl(paths: list[Path], fmt: str, text_field: str, field: str,
+               columns: dict[str, str] | None = None) -> tuple[str, Locate]:
     """Two streamed passes over JSONL files: syntax and columns, then every row against the
-    format (detected from all rows' keys, as `datasets` unions them). Returns (format, locate)."""
+    format (detected from all rows' keys, as `datasets` unions them). Returns (format, locate).
+    `columns`: the file's column -> the format's field name (data.fields)."""
+    columns = columns or {}
     lines: list[tuple[Path, int]] = []
     keys: dict[str, None] = {}
     for path in paths:
@@ -113,6 +133,8 @@ def scan_jsonl(paths: list[Path], fmt: str, text_field: str, field: str) -> tupl
             empty = path.stat().st_size == 0
             raise UserError(f"{field}: {path}: {'the file is empty' if empty else 'only blank lines'}; "
                             "expected one JSON object per line")
+    missing_columns(keys, columns, field, str(paths[0]) if len(paths) == 1 else str(paths[0].parent))
+    keys = renamed(keys, columns)
     if fmt == "auto":
         fmt = detect_format(keys, text_field, str(paths[0]) if len(paths) == 1 else str(paths[0].parent))
 
@@ -124,7 +146,7 @@ def scan_jsonl(paths: list[Path], fmt: str, text_field: str, field: str) -> tupl
     count = 0
     for path in paths:
         for n, obj in _objects(path):
-            why = row_problem(obj, fmt, text_field)
+            why = row_problem(renamed(obj, columns), fmt, text_field)
             if why:
                 count += 1
                 if len(bad) < NAMED:
