@@ -93,8 +93,8 @@ def resolve_tarball(index_url: str, target: str, to: str | None) -> tuple[str, s
 
 def _index_wheels(index_url: str, project: str) -> list[wheel_index.Wheel]:
     url = wheel_index.project_url(index_url, project)
-    with _open(url) as resp:
-        return wheel_index.parse_page(resp.read().decode("utf-8", "replace"))
+    with _open(url) as resp:  # after redirects (whl-next/ -> pytorch/whl-next/, core/whl-next/)
+        return wheel_index.parse_page(resp.read().decode("utf-8", "replace"), resp.geturl())
 
 
 def resolve_torch(stack, index_url: str, to: str | None) -> dict[str, str]:
