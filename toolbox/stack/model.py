@@ -359,19 +359,21 @@ class StackModel(Model):
     def _one_rocm_line(self) -> None:
         """From ROCm 10 on, AMD's indexes hold 7.x and 10.x builds side by side, and pip/uv compare
         local versions as text: +rocm10.0.0 sorts below +rocm7.15.0a... (TheRock
-        docs/packaging/versioning.md, #7183). So a torch pin that is not exactly +rocm<rocm.version>
-        could install a 7.x wheel into a 10.x image: refused."""
-        major = re.match(r"\d+", self.rocm.version)
-        if not self.torch.index_url or major is None or int(major.group()) < 10:
+        docs/packaging/versioning.md, #7183). So a torch pin that is not one exact build of this
+        ROCm line (+rocm<major>.<minor>.<patch>) could install a 7.x wheel into a 10.x image: refused."""
+        major = re.match(r"(\d+)\.(\d+)", self.rocm.version)
+        if not self.torch.index_url or major is None or int(major[1]) < 10:
             return
-        want = f"rocm{self.rocm.version}"
+        line = f"{major[1]}.{major[2]}"
         for key in ("torch", "torchvision", "torchaudio"):
             v = getattr(self.torch, key)
             if v is None:
                 continue
             local = v.partition("+")[2]
-            if local != want:
-                why = "has no local version" if not local else f"names +{local}"
-                raise FieldError(("torch", key), f"{v} {why}: on ROCm {self.rocm.version} pin the exact build "
-                                 f"+{want} (a 7.x wheel sorts above a 10.x one as text, so anything looser "
-                                 "can install the wrong ROCm line)")
+            m = re.fullmatch(r"rocm(\d+)\.(\d+)\.\d+", local)
+            if m and f"{m[1]}.{m[2]}" == line:
+                continue
+            why = "has no local version" if not local else f"names +{local}"
+            raise FieldError(("torch", key), f"{v} {why}: on ROCm {self.rocm.version} pin one exact build of "
+                             f"its line, +rocm{line}.<patch> (a 7.x wheel sorts above a 10.x one as text, so "
+                             "anything looser can install the wrong ROCm line)")
