@@ -103,3 +103,28 @@ def test_bad_hip_version_is_one_line_exit_2(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
     assert f"{p}:3: rocm.hip_version" in r.stderr
+
+
+@pytest.mark.parametrize("manifest_commit,ok", [
+    ("6b0e43f341195e203754e08f850e437ff2fc09f9", True),
+    ("2b22ab0195cc1461cd9abf3b969e9dd7c10af350", False),  # a 7.14 tarball under the 10.0 RCCL: refused
+    (None, True),  # a manifest that names no rocm-systems: nothing to compare (the first-use check alike)
+])
+def test_rccl_stage_checks_the_tarballs_manifest_names_its_commit(tmp_path, manifest_commit, ok):
+    """The rccl stage's manifest check, run as the build would (the RUN's Python, with the
+    manifest's path pointed at a file here)."""
+    import json
+
+    stage = rccl_stage(render_dockerfile(load_stack("gfx1151-rocm10.0")))
+    run = stage[stage.index("RUN /opt/venv/bin/python -c '") + len("RUN /opt/venv/bin/python -c '"):]
+    code = run[:run.index("'\n")].replace("\\\n", "")
+    subs = [{"path": "rocm-libraries", "url": "https://github.com/ROCm/rocm-libraries.git", "commit": "a" * 40}]
+    if manifest_commit:
+        subs.append({"path": "rocm-systems", "url": "https://github.com/ROCm/rocm-systems.git", "commit": manifest_commit})
+    m = tmp_path / "therock_manifest.json"
+    m.write_text(json.dumps({"schema": "TheRock-Manifest.v1", "submodules": subs}))
+    code = code.replace("/opt/rocm/share/therock/therock_manifest.json", str(m))
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode == 0) == ok, r.stderr
+    if not ok:
+        assert "built from rocm-systems {'2b22ab01" in r.stderr and "rccl.commit is 6b0e43f3" in r.stderr

@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm10.0" (lock bcfeb584541b).
+# Rendered by `toolbox render` from stack "gfx1151-rocm10.0" (lock 1da3e556a917).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -78,6 +78,11 @@ ENV CCACHE_DIR=/root/.ccache
 FROM devel AS rccl-build
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems 6b0e43f341195e203754e08f850e437ff2fc09f9 /src/rocm-systems
+# RCCL comes from the sources of the ROCm torch was built against: the tarball's TheRock manifest
+# must name this rocm-systems commit (checked here too, as a pinned sha256 skips the first-use check).
+RUN /opt/venv/bin/python -c 'import json; subs = json.load(open("/opt/rocm/share/therock/therock_manifest.json")).get("submodules") or []; \
+got = {s.get("commit") for s in subs if "rocm-systems" in (str(s.get("path", "")).rstrip("/").rsplit("/", 1)[-1], str(s.get("url", "")).rstrip("/").removesuffix(".git").rsplit("/", 1)[-1])}; \
+assert got <= {"6b0e43f341195e203754e08f850e437ff2fc09f9"}, f"the ROCm tarball was built from rocm-systems {got}, rccl.commit is 6b0e43f341195e203754e08f850e437ff2fc09f9"; print("rocm-systems:", got or "not named")'
 RUN --mount=type=cache,target=/root/.ccache \
     cmake -S /src/rocm-systems/projects/rccl -B /build/rccl -GNinja \
       -DCMAKE_BUILD_TYPE=Release \
@@ -165,7 +170,7 @@ RUN /opt/venv/bin/python /opt/toolbox/scripts/rccl-abi-check.py \
 # ...and `import torch` (no GPU needed) must map exactly that library.
 RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("/proc/self/maps") if "librccl" in l}; print("librccl mapped:", *maps); assert maps and all(m.startswith("/opt/rccl/") for m in maps), maps'
 
-# bitsandbytes 0.50.2: the PyPI manylinux wheel (its ROCm 10.0.0 build), sha256 checked
+# bitsandbytes 0.50.2: the PyPI manylinux wheel (its build for HIP 7.15), sha256 checked
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
@@ -190,42 +195,20 @@ lib = get_cuda_bnb_library_path(CUDASpecs((0, 0), get_cuda_version_string(), get
 assert lib.name == "libbitsandbytes_rocm715.so", f"bitsandbytes picked {lib.name}, not libbitsandbytes_rocm715.so"; \
 ctypes.CDLL(str(lib)); print("bitsandbytes picks and loads:", lib)'
 
-# Hugging Face stack; torch is named again so pip cannot swap it
+# Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
+COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      accelerate==1.15.0 \
-      datasets==4.8.4 \
-      peft==0.21.2 \
-      transformers==5.17.0 \
-      trl==1.15.0 \
-      'torch[device-gfx1151]==2.13.0+rocm10.0.0' \
-      'torchvision[device-gfx1151]==0.28.0+rocm10.0.0' \
-      torchaudio==2.11.0.2+rocm10.0.0
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt
 
 # unsloth 2026.10.9 from PyPI
 # On ROCm these requirements of PyPI Unsloth are not taken from PyPI:
 #   triton: the ROCm torch's own, from its index
 #   xformers: PyPI's are CUDA builds; Unsloth uses torch's SDPA without it
-# No Python lock for these pins: the two wheels --no-deps, then their requirements less those
-RUN --mount=type=secret,id=ca \
-    --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install --no-deps "unsloth==2026.10.9" unsloth_zoo==2026.10.9 \
- && /opt/venv/bin/python /opt/toolbox/scripts/requires.py --leave-out triton,xformers unsloth unsloth_zoo \
-      > /tmp/unsloth-requires.txt \
- && /opt/toolbox/scripts/pip.sh install -r /tmp/unsloth-requires.txt \
-      accelerate==1.15.0 \
-      datasets==4.8.4 \
-      peft==0.21.2 \
-      transformers==5.17.0 \
-      trl==1.15.0 \
-      'torch[device-gfx1151]==2.13.0+rocm10.0.0' \
-      'torchvision[device-gfx1151]==0.28.0+rocm10.0.0' \
-      torchaudio==2.11.0.2+rocm10.0.0 \
- && rm /tmp/unsloth-requires.txt \
- && /opt/venv/bin/python -c 'from importlib.metadata import version; v = version("triton"); print("triton", v); assert "+rocm" in v, "triton " + v + ": not the ROCm build"'
+# unsloth and unsloth_zoo came with the Python lock above (hash-checked, --no-deps), which holds
+# none of these; the triton installed must still be the ROCm torch's
+RUN /opt/venv/bin/python -c 'from importlib.metadata import version; v = version("triton"); print("triton", v); assert "+rocm" in v, "triton " + v + ": not the ROCm build"'
 
 # llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): programs on PATH (with the OpenMP runtime they link),
 # the converter with its own gguf-py (and sentencepiece, which it imports for every Llama model)
@@ -241,20 +224,13 @@ RUN --mount=type=secret,id=ca \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 
-# Ray Train (launch --engine ray); torch and the Hugging Face stack are named again so pip cannot move them
+# Ray Train (launch --engine ray) and what only it pulls in, from the stack's Python lock: a layer
+# of its own so the training stack's layers above are shared with a ray bump
+COPY python-lock/ray.txt /opt/toolbox/python-lock/ray.txt
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      "ray[train]==2.60.0" \
-      accelerate==1.15.0 \
-      datasets==4.8.4 \
-      peft==0.21.2 \
-      transformers==5.17.0 \
-      trl==1.15.0 \
-      'torch[device-gfx1151]==2.13.0+rocm10.0.0' \
-      'torchvision[device-gfx1151]==0.28.0+rocm10.0.0' \
-      torchaudio==2.11.0.2+rocm10.0.0
+    /opt/toolbox/scripts/pip.sh install --require-hashes --no-deps -r /opt/toolbox/python-lock/ray.txt
 
 # the training entrypoints (finetune, launch, rccl-check); then every installed requirement must hold
 # but xformers, which nothing provides on ROCm (see the Unsloth step);
@@ -282,9 +258,10 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="bcfeb584541b" \
+    io.github.toolbox.lock-digest="1da3e556a917" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="rocm" \
+    io.github.toolbox.python.lock.sha256="bc6857b45c3ebcb882e61a3e2ff833683bc6e1bba64eecef9c832e0f8ba30952" \
     io.github.toolbox.ray.version="2.60.0" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="6b0e43f341195e203754e08f850e437ff2fc09f9" \
@@ -317,4 +294,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm10.0" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="bcfeb584541b"
+    org.opencontainers.image.version="1da3e556a917"

@@ -78,6 +78,11 @@ ENV CCACHE_DIR=/root/.ccache
 FROM devel AS rccl-build
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems 2b22ab0195cc1461cd9abf3b969e9dd7c10af350 /src/rocm-systems
+# RCCL comes from the sources of the ROCm torch was built against: the tarball's TheRock manifest
+# must name this rocm-systems commit (checked here too, as a pinned sha256 skips the first-use check).
+RUN /opt/venv/bin/python -c 'import json; subs = json.load(open("/opt/rocm/share/therock/therock_manifest.json")).get("submodules") or []; \
+got = {s.get("commit") for s in subs if "rocm-systems" in (str(s.get("path", "")).rstrip("/").rsplit("/", 1)[-1], str(s.get("url", "")).rstrip("/").removesuffix(".git").rsplit("/", 1)[-1])}; \
+assert got <= {"2b22ab0195cc1461cd9abf3b969e9dd7c10af350"}, f"the ROCm tarball was built from rocm-systems {got}, rccl.commit is 2b22ab0195cc1461cd9abf3b969e9dd7c10af350"; print("rocm-systems:", got or "not named")'
 RUN --mount=type=cache,target=/root/.ccache \
     cmake -S /src/rocm-systems/projects/rccl -B /build/rccl -GNinja \
       -DCMAKE_BUILD_TYPE=Release \
@@ -165,7 +170,7 @@ RUN /opt/venv/bin/python /opt/toolbox/scripts/rccl-abi-check.py \
 # ...and `import torch` (no GPU needed) must map exactly that library.
 RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("/proc/self/maps") if "librccl" in l}; print("librccl mapped:", *maps); assert maps and all(m.startswith("/opt/rccl/") for m in maps), maps'
 
-# bitsandbytes 0.50.1: the PyPI manylinux wheel (its ROCm 7.14.0 build), sha256 checked
+# bitsandbytes 0.50.1: the PyPI manylinux wheel (its build for HIP 7.14), sha256 checked
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \

@@ -80,6 +80,11 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems 79e85e1468f96a867108043c953e9547c13b4c5e /src/rocm-systems
 COPY rccl-patches/ /src/rccl-patches/
 RUN /opt/toolbox/scripts/apply-patches.sh /src/rocm-systems --series /src/rccl-patches/gfx1151
+# RCCL comes from the sources of the ROCm torch was built against: the tarball's TheRock manifest
+# must name this rocm-systems commit (checked here too, as a pinned sha256 skips the first-use check).
+RUN /opt/venv/bin/python -c 'import json; subs = json.load(open("/opt/rocm/share/therock/therock_manifest.json")).get("submodules") or []; \
+got = {s.get("commit") for s in subs if "rocm-systems" in (str(s.get("path", "")).rstrip("/").rsplit("/", 1)[-1], str(s.get("url", "")).rstrip("/").removesuffix(".git").rsplit("/", 1)[-1])}; \
+assert got <= {"79e85e1468f96a867108043c953e9547c13b4c5e"}, f"the ROCm tarball was built from rocm-systems {got}, rccl.commit is 79e85e1468f96a867108043c953e9547c13b4c5e"; print("rocm-systems:", got or "not named")'
 RUN --mount=type=cache,target=/root/.ccache \
     cmake -S /src/rocm-systems/projects/rccl -B /build/rccl -GNinja \
       -DCMAKE_BUILD_TYPE=Release \
