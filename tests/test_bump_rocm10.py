@@ -139,3 +139,16 @@ def test_cli_bump_torch_10x_is_written(repo, stack_copy):
                         "--index-url", f"{repo}/whl-next/"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert 'torchaudio: "2.11.0.2+rocm10.0.0"' in stack_copy.read_text()
+
+
+def test_first_use_wheel_pin_follows_the_redirect(repo, tmp_path, monkeypatch):
+    """`toolbox build`'s first-use pin of a wheel (a stack without torch.wheels) reads the page
+    where whl-next/ sends it and pins the file there, for the image's Python only, rocm10 only."""
+    from toolbox.stack.pinning import PinsFile, pin_wheel
+
+    monkeypatch.setenv("TOOLBOX_CACHE_DIR", str(tmp_path / "cache"))
+    pins = PinsFile(tmp_path / "pins.lock.json")
+    ref = pin_wheel(f"{repo}/whl-next/", "torch", "2.13.0+rocm10.0.0", "3.13", pins_file=pins, frozen=False)
+    name = "torch-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX
+    assert ref == (f"{repo}/pytorch/whl-next/torch/{name.replace('+', '%2B')}.whl#sha256="
+                   + hashlib.sha256(f"wheel {name}".encode()).hexdigest())
