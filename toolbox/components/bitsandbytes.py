@@ -16,8 +16,7 @@ def _pins(stack):
 def rocm_library(stack) -> str:
     """The library bitsandbytes loads for the stack's ROCm: libbitsandbytes_rocm<major><minor>.so of
     HIP's version (torch.version.hip: 7.14 on ROCm 7.14, 7.15 on ROCm 10.0), not of the ROCm release."""
-    major, minor = stack.rocm.hip.split(".")
-    return f"libbitsandbytes_rocm{major}{minor}.so"
+    return f"libbitsandbytes_rocm{''.join(stack.rocm.hip.split('.')[:2])}.so"
 
 
 def _built(stack) -> bool:
