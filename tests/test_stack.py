@@ -29,9 +29,10 @@ def err(ref, overrides=()) -> str:
 
 
 def test_shipped_stacks_load():
-    assert {"gfx1151", "cpu", "cuda"} <= set(stack_names())
-    g = load_stack()
-    assert g.name == "gfx1151" and g.platform == "rocm" and g.gpu_targets == ["gfx1151"]
+    assert {"gfx1151", "gfx1151-rocm10.0", "cpu", "cuda"} <= set(stack_names())
+    g = load_stack()  # the default: ROCm 10.0.0, the newest stable release with verified pins
+    assert g.name == "gfx1151-rocm10.0" and g.platform == "rocm" and g.gpu_targets == ["gfx1151"]
+    assert g.rocm.version == "10.0.0" and g.torch.torch == "2.13.0+rocm10.0.0"
     assert g.base_image == "registry.fedoraproject.org/fedora:43"
     c = load_stack("cpu")
     assert c.platform == "cpu" and c.gpu_targets == [] and c.base_image == "docker.io/library/debian:bookworm-slim"

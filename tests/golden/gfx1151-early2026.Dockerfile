@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 7d6df7ed672d).
+# Rendered by `toolbox render` from stack "gfx1151-early2026" (lock 76c10e9f0c69).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -80,6 +80,11 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems 0f191289ffadcebdb65391c5d9ddacccfbffae36 /src/rocm-systems
 COPY rccl-patches/ /src/rccl-patches/
 RUN /opt/toolbox/scripts/apply-patches.sh /src/rocm-systems --series /src/rccl-patches/gfx1151-early2026
+# RCCL comes from the sources of the ROCm torch was built against: the tarball's TheRock manifest
+# must name this rocm-systems commit (checked here too, as a pinned sha256 skips the first-use check).
+RUN /opt/venv/bin/python -c 'import json; subs = json.load(open("/opt/rocm/share/therock/therock_manifest.json")).get("submodules") or []; \
+got = {s.get("commit") for s in subs if "rocm-systems" in (str(s.get("path", "")).rstrip("/").rsplit("/", 1)[-1], str(s.get("url", "")).rstrip("/").removesuffix(".git").rsplit("/", 1)[-1])}; \
+assert got <= {"0f191289ffadcebdb65391c5d9ddacccfbffae36"}, f"the ROCm tarball was built from rocm-systems {got}, rccl.commit is 0f191289ffadcebdb65391c5d9ddacccfbffae36"; print("rocm-systems:", got or "not named")'
 RUN --mount=type=cache,target=/root/.ccache \
     cmake -S /src/rocm-systems/projects/rccl -B /build/rccl -GNinja \
       -DCMAKE_BUILD_TYPE=Release \
@@ -92,6 +97,7 @@ RUN --mount=type=cache,target=/root/.ccache \
       -DBUILD_TESTS=OFF \
       -DGENERATE_SYM_KERNELS=OFF \
       -DENABLE_AMDSMI=OFF \
+      -DFAULT_INJECTION=OFF \
  && cmake --build /build/rccl \
  && cmake --install /build/rccl
 RUN --mount=type=cache,target=/root/.ccache \
@@ -255,7 +261,7 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="7d6df7ed672d" \
+    io.github.toolbox.lock-digest="76c10e9f0c69" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="rocm" \
     io.github.toolbox.python.lock.sha256="d4d2aa0e43bdad003714ce9c0af4029c8006cedfb39ccd86d928aba1ffc24ff1" \
@@ -263,6 +269,7 @@ LABEL \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="0f191289ffadcebdb65391c5d9ddacccfbffae36" \
     io.github.toolbox.rccl.enable_smi="false" \
+    io.github.toolbox.rccl.fault_injection="false" \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
     io.github.toolbox.rccl.patches.sha256="776e21ba2e4ba673543e99f1dd1dc207eacd749fb1ebb327d73628c35487a24a" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
@@ -285,4 +292,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-early2026" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="7d6df7ed672d"
+    org.opencontainers.image.version="76c10e9f0c69"

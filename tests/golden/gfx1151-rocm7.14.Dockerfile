@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock c0d0141f33cf).
+# Rendered by `toolbox render` from stack "gfx1151-rocm7.14" (lock 379c4c7cf74d).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -78,6 +78,11 @@ ENV CCACHE_DIR=/root/.ccache
 FROM devel AS rccl-build
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems 2b22ab0195cc1461cd9abf3b969e9dd7c10af350 /src/rocm-systems
+# RCCL comes from the sources of the ROCm torch was built against: the tarball's TheRock manifest
+# must name this rocm-systems commit (checked here too, as a pinned sha256 skips the first-use check).
+RUN /opt/venv/bin/python -c 'import json; subs = json.load(open("/opt/rocm/share/therock/therock_manifest.json")).get("submodules") or []; \
+got = {s.get("commit") for s in subs if "rocm-systems" in (str(s.get("path", "")).rstrip("/").rsplit("/", 1)[-1], str(s.get("url", "")).rstrip("/").removesuffix(".git").rsplit("/", 1)[-1])}; \
+assert got <= {"2b22ab0195cc1461cd9abf3b969e9dd7c10af350"}, f"the ROCm tarball was built from rocm-systems {got}, rccl.commit is 2b22ab0195cc1461cd9abf3b969e9dd7c10af350"; print("rocm-systems:", got or "not named")'
 RUN --mount=type=cache,target=/root/.ccache \
     cmake -S /src/rocm-systems/projects/rccl -B /build/rccl -GNinja \
       -DCMAKE_BUILD_TYPE=Release \
@@ -90,6 +95,7 @@ RUN --mount=type=cache,target=/root/.ccache \
       -DBUILD_TESTS=OFF \
       -DGENERATE_SYM_KERNELS=OFF \
       -DENABLE_AMDSMI=ON \
+      -DFAULT_INJECTION=OFF \
  && cmake --build /build/rccl \
  && cmake --install /build/rccl
 RUN --mount=type=cache,target=/root/.ccache \
@@ -164,7 +170,7 @@ RUN /opt/venv/bin/python /opt/toolbox/scripts/rccl-abi-check.py \
 # ...and `import torch` (no GPU needed) must map exactly that library.
 RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("/proc/self/maps") if "librccl" in l}; print("librccl mapped:", *maps); assert maps and all(m.startswith("/opt/rccl/") for m in maps), maps'
 
-# bitsandbytes 0.50.1: the PyPI manylinux wheel (its ROCm 7.14.0 build), sha256 checked
+# bitsandbytes 0.50.1: the PyPI manylinux wheel (its build for HIP 7.14), sha256 checked
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
@@ -176,9 +182,18 @@ RUN --mount=type=secret,id=ca \
       'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
       torchaudio==2.11.0+rocm7.14.0 \
  && rm -rf /tmp/bnb /tmp/bnb.sha256
-# The wheel's ROCm 7.14.0 library (what bitsandbytes picks for this ROCm) must load
-# against this image's ROCm: its RUNPATH is /opt/rocm/lib (hipBLAS, hipBLASLt, rocRAND). No GPU needed.
-RUN /opt/venv/bin/python -c 'import ctypes, importlib.util, os; d = importlib.util.find_spec("bitsandbytes").submodule_search_locations[0]; ctypes.CDLL(os.path.join(d, "libbitsandbytes_rocm714.so")); print("loads:", "libbitsandbytes_rocm714.so")'
+# torch must report HIP 7.14, and bitsandbytes must pick libbitsandbytes_rocm714.so for it by its own
+# rule (get_cuda_bnb_library_path: a missing exact build falls back to another with only a warning),
+# which must load against this image's ROCm: its RUNPATH is /opt/rocm/lib (hipBLAS, hipBLASLt,
+# rocRAND). No GPU needed: the specs are built from torch.version.hip as bitsandbytes does.
+RUN env -u BNB_ROCM_VERSION /opt/venv/bin/python -c 'import ctypes, torch; \
+from bitsandbytes.cuda_specs import CUDASpecs, get_cuda_version_string, get_cuda_version_tuple; \
+from bitsandbytes.cextension import get_cuda_bnb_library_path; \
+hip = ".".join(str(torch.version.hip).split(".")[:2]); \
+assert hip == "7.14", f"torch.version.hip is {torch.version.hip}, the stack says HIP 7.14"; \
+lib = get_cuda_bnb_library_path(CUDASpecs((0, 0), get_cuda_version_string(), get_cuda_version_tuple())); \
+assert lib.name == "libbitsandbytes_rocm714.so", f"bitsandbytes picked {lib.name}, not libbitsandbytes_rocm714.so"; \
+ctypes.CDLL(str(lib)); print("bitsandbytes picks and loads:", lib)'
 
 # Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
 COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
@@ -243,7 +258,7 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="c0d0141f33cf" \
+    io.github.toolbox.lock-digest="379c4c7cf74d" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="rocm" \
     io.github.toolbox.python.lock.sha256="720865844cd6c7556987d6ef59e0898b5731650e2dd7d0dbaf15a132e00a0a1f" \
@@ -251,6 +266,7 @@ LABEL \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="2b22ab0195cc1461cd9abf3b969e9dd7c10af350" \
     io.github.toolbox.rccl.enable_smi="true" \
+    io.github.toolbox.rccl.fault_injection="false" \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
     io.github.toolbox.rccl.patches.sha256="none" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
@@ -274,4 +290,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm7.14" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="c0d0141f33cf"
+    org.opencontainers.image.version="379c4c7cf74d"

@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151" (lock ed9247a98551).
+# Rendered by `toolbox render` from stack "gfx1151" (lock 7ebaa487873c).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -80,6 +80,11 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ROCm/rocm-systems 79e85e1468f96a867108043c953e9547c13b4c5e /src/rocm-systems
 COPY rccl-patches/ /src/rccl-patches/
 RUN /opt/toolbox/scripts/apply-patches.sh /src/rocm-systems --series /src/rccl-patches/gfx1151
+# RCCL comes from the sources of the ROCm torch was built against: the tarball's TheRock manifest
+# must name this rocm-systems commit (checked here too, as a pinned sha256 skips the first-use check).
+RUN /opt/venv/bin/python -c 'import json; subs = json.load(open("/opt/rocm/share/therock/therock_manifest.json")).get("submodules") or []; \
+got = {s.get("commit") for s in subs if "rocm-systems" in (str(s.get("path", "")).rstrip("/").rsplit("/", 1)[-1], str(s.get("url", "")).rstrip("/").removesuffix(".git").rsplit("/", 1)[-1])}; \
+assert got <= {"79e85e1468f96a867108043c953e9547c13b4c5e"}, f"the ROCm tarball was built from rocm-systems {got}, rccl.commit is 79e85e1468f96a867108043c953e9547c13b4c5e"; print("rocm-systems:", got or "not named")'
 RUN --mount=type=cache,target=/root/.ccache \
     cmake -S /src/rocm-systems/projects/rccl -B /build/rccl -GNinja \
       -DCMAKE_BUILD_TYPE=Release \
@@ -92,6 +97,7 @@ RUN --mount=type=cache,target=/root/.ccache \
       -DBUILD_TESTS=OFF \
       -DGENERATE_SYM_KERNELS=OFF \
       -DENABLE_AMDSMI=OFF \
+      -DFAULT_INJECTION=OFF \
  && cmake --build /build/rccl \
  && cmake --install /build/rccl
 RUN --mount=type=cache,target=/root/.ccache \
@@ -255,7 +261,7 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="ed9247a98551" \
+    io.github.toolbox.lock-digest="7ebaa487873c" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="rocm" \
     io.github.toolbox.python.lock.sha256="0393a8e7e5a3d993b31d073837b432bbe17681eb483ee13a23ee504d334a084b" \
@@ -263,6 +269,7 @@ LABEL \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="79e85e1468f96a867108043c953e9547c13b4c5e" \
     io.github.toolbox.rccl.enable_smi="false" \
+    io.github.toolbox.rccl.fault_injection="false" \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
     io.github.toolbox.rccl.patches.sha256="760b7bb89c14788998eb32068edb5c2d4924f0e850e70eb6d5ed56bb4d53833a" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
@@ -285,4 +292,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="ed9247a98551"
+    org.opencontainers.image.version="7ebaa487873c"

@@ -173,3 +173,38 @@ def libs_shm(lib: Path) -> Path:
     if not shm.is_file():
         pytest.skip("torch without libshm.so")
     return shm
+
+
+def test_kyuz0_60_the_loader_fails_exactly_where_the_check_does(tmp_path):
+    """The case of amd-strix-halo-vllm-toolboxes #60: a librccl.so.1 without ncclCommResume put
+    where torch's libtorch_hip.so (linked against a newer one) finds it. The dynamic loader then
+    refuses libtorch with `undefined symbol: ncclCommResume` (what `import torch` printed); the
+    check refuses the same pair before that, naming the symbol, and passes the matching pair."""
+    libs = {}
+    for name, src in (("good", FULL), ("bad", MISSING)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "rccl.c").write_text(src)
+        libs[name] = d / "librccl.so.1"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wl,-soname,librccl.so.1", "-o", str(libs[name]),
+                        str(d / "rccl.c")], check=True)
+        (d / "librccl.so").symlink_to("librccl.so.1")
+    (tmp_path / "torch_hip.c").write_text(CONSUMER)
+    consumer = tmp_path / "libtorch_hip.so"
+    # Linked as torch's is: DT_NEEDED librccl.so.1, built against the full library.
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(consumer), str(tmp_path / "torch_hip.c"),
+                    f"-L{tmp_path / 'good'}", "-lrccl"], check=True)
+
+    def load(where: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-S", "-c", f"import ctypes; ctypes.CDLL({str(consumer)!r})"],
+                              capture_output=True, text=True, timeout=60,
+                              env={"LD_LIBRARY_PATH": str(tmp_path / where), "PATH": "/usr/bin:/bin"})
+
+    assert load("good").returncode == 0
+    bad = load("bad")
+    assert bad.returncode != 0 and "undefined symbol: ncclCommResume" in bad.stderr, bad.stderr
+    ok = _run("--provider", libs["good"], "--consumer", consumer)
+    assert ok.returncode == 0, ok.stderr
+    r = _run("--provider", libs["bad"], "--consumer", consumer)
+    assert r.returncode == 1 and "ncclCommResume" in r.stderr, r.stderr
+    assert "ncclCommInitRank" not in r.stderr and "ncclAllReduce" not in r.stderr  # exactly the missing one

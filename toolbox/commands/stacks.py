@@ -1,7 +1,9 @@
-"""`toolbox stacks`: one line per shipped stack: name, base, key pins."""
+"""`toolbox stacks`: one line per shipped stack: name, base, key pins (the ROCm tarball's sha256
+where it is pinned), the pins still unverified, and which one commands use when none is named."""
 
 from __future__ import annotations
 
+from toolbox.paths import DEFAULT_STACK
 from toolbox.stack.load import load_stack, stack_names
 
 KEY_PINS = ("rocm.version", "torch.version", "rccl.commit", "unsloth.version", "transformers.version")
@@ -16,8 +18,11 @@ def run(args) -> int:
         s = load_stack(name)
         lock = s.pins()
         pins = " ".join(f"{k.split('.')[0]}={_short(lock[k])}" for k in KEY_PINS if k in lock)
+        if lock.get("rocm.tarball.sha256", "unverified") != "unverified":
+            pins += f" rocm.sha256={lock['rocm.tarball.sha256']}"
         flag = f" unverified={','.join(s.unverified_pins())}" if s.unverified_pins() else ""
-        print(f"{name}\t{s.base_image}\t{pins}{flag}")
+        default = "\t(default)" if name == DEFAULT_STACK else ""
+        print(f"{name}\t{s.base_image}\t{pins}{flag}{default}")
     return 0
 
 

@@ -14,9 +14,9 @@ def _pins(stack):
 
 
 def rocm_library(stack) -> str:
-    """The library bitsandbytes loads for the stack's ROCm: libbitsandbytes_rocm<major><minor>.so."""
-    major, minor = stack.rocm.version.split(".")[:2]
-    return f"libbitsandbytes_rocm{major}{minor}.so"
+    """The library bitsandbytes loads for the stack's ROCm: libbitsandbytes_rocm<major><minor>.so of
+    HIP's version (torch.version.hip: 7.14 on ROCm 7.14, 7.15 on ROCm 10.0), not of the ROCm release."""
+    return f"libbitsandbytes_rocm{''.join(stack.rocm.hip.split('.')[:2])}.so"
 
 
 def _built(stack) -> bool:
@@ -27,5 +27,5 @@ COMPONENT = Component(
     "bitsandbytes", applies=lambda s: s.bitsandbytes is not None and s.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
     builds=_built, needs_devel=_built,
-    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s)},
+    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": s.rocm.hip},
 )

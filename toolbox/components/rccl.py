@@ -17,6 +17,7 @@ def _pins(stack):
         # Build switches change the library (SMI linked or not) and the image's tools: part of the tag.
         "rccl.enable_smi": str(r.enable_smi).lower(),
         "rccl.build_rccl_tests": str(r.build_rccl_tests).lower(),
+        **({} if r.fault_injection is None else {"rccl.fault_injection": str(r.fault_injection).lower()}),
     }
 
 

@@ -9,6 +9,8 @@ TARBALL_LAYOUT = ["bin/hipcc", "bin/rocminfo", "lib/libamdhip64.so", "share/ther
 def _pins(stack):
     r = stack.rocm
     pins = {"rocm.version": r.version, "rocm.source": r.source, "gpu_targets": ",".join(stack.gpu_targets)}
+    if r.hip_version:
+        pins["rocm.hip_version"] = r.hip_version
     if r.source == "tarball":
         pins["rocm.tarball.url"] = r.tarball.url
         pins["rocm.tarball.sha256"] = r.tarball.sha256 or "unverified"

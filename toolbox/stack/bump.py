@@ -4,8 +4,13 @@
   TheRock tarball for the stack's first GPU target, found in the index page of the pinned URL's
   folder (tarball/ or, from ROCm 7.14, tarball-multi-arch/: same file names), downloaded and hashed.
 - torch: torch, torchvision and torchaudio at the newest (or --to X.Y[.Z]) torch built for the
-  stack's ROCm (local tag +rocm<version>) in its pip index; torchvision 0.(minor+15) as PyTorch
-  pairs them. A multi-arch index (torch.multi_arch, whl-multi-arch/) must also list
+  stack's ROCm (local tag +rocm<version>, compared exactly: as text +rocm10.0.0 sorts below
+  +rocm7.15..., so "the newest" is only ever taken among one ROCm's builds) in its pip index;
+  torchvision 0.(minor+15) as PyTorch pairs them, torchaudio at torch's version or the newest
+  below it (ROCm 10.0: 2.11.0.2 with torch 2.13.0); torch.wheels URLs written in the stack file
+  are re-pinned to the new files (the page's sha256, or downloaded and hashed). ROCm 10's stable
+  repository: tarballs in core/tarball/, wheels in whl-next/ (which redirects each project to
+  pytorch/whl-next/ or core/whl-next/; links are resolved where the page is). A multi-arch index (torch.multi_arch, whl-multi-arch/) must also list
   amd-torch-device-<target> at that torch version for every GPU target.
 - rccl, bitsandbytes, unsloth, unsloth_zoo, therock: a git ref (--to TAG|BRANCH, default the
   remote's HEAD) resolved to its 40-hex commit with `git ls-remote`.
@@ -93,8 +98,8 @@ def resolve_tarball(index_url: str, target: str, to: str | None) -> tuple[str, s
 
 def _index_wheels(index_url: str, project: str) -> list[wheel_index.Wheel]:
     url = wheel_index.project_url(index_url, project)
-    with _open(url) as resp:
-        return wheel_index.parse_page(resp.read().decode("utf-8", "replace"))
+    with _open(url) as resp:  # after redirects (whl-next/ -> pytorch/whl-next/, core/whl-next/)
+        return wheel_index.parse_page(resp.read().decode("utf-8", "replace"), resp.geturl())
 
 
 def resolve_torch(stack, index_url: str, to: str | None) -> dict[str, str]:
@@ -122,17 +127,44 @@ def resolve_torch(stack, index_url: str, to: str | None) -> dict[str, str]:
             raise ToolError(f"{index_url}: no torchvision 0.{torch.minor + 15}.* +{local} to pair with torch {torch}")
         out["torch.torchvision"] = str(max(vision))
     if stack.torch.torchaudio:
-        audio = {v for v in wheel_index.versions(_index_wheels(index_url, "torchaudio"), local=local, interpreter=interp)
-                 if v == torch}
-        if not audio:
-            raise ToolError(f"{index_url}: no torchaudio {torch} to pair with torch {torch}")
-        out["torch.torchaudio"] = str(torch)
+        # torchaudio is built at torch's version up to ROCm 7.x; ROCm 10.0's index pairs torch
+        # 2.13.0 with torchaudio 2.11.0.2 (same local tag): the same version where there is one,
+        # else the newest not above torch's.
+        audio = wheel_index.versions(_index_wheels(index_url, "torchaudio"), local=local, interpreter=interp)
+        paired = {v for v in audio if v == torch} or {v for v in audio if v.release[:2] <= torch.release[:2]}
+        if not paired:
+            raise ToolError(f"{index_url}: no torchaudio +{local} to pair with torch {torch}")
+        out["torch.torchaudio"] = str(max(paired))
+    out.update(_rewheel(stack, index_url, out, interp))
     if stack.torch.multi_arch:
         for target in stack.gpu_targets:
             device = f"amd-torch-device-{target}"
             if torch not in wheel_index.versions(_index_wheels(index_url, device)):
                 raise ToolError(f"{index_url}: torch {torch} has no {device} {torch} (the GPU code of "
                                 f"torch[device-{target}]); pick another with --to")
+    return out
+
+
+def _rewheel(stack, index_url: str, versions: dict[str, str], interp: str | None) -> dict[str, str]:
+    """torch.wheels entries that the stack file writes, for the versions just resolved: the
+    index's wheel for the image's Python, with the page's #sha256= or the file downloaded and
+    hashed (a stale URL would pin the old version's bytes, and the stack would be refused)."""
+    from packaging.version import Version
+
+    out = {}
+    path = stack.source
+    for name in stack.torch.wheels:
+        key = f"torch.wheels.{name}"
+        if not _has(path, key) or f"torch.{name}" not in versions:
+            continue
+        want = Version(versions[f"torch.{name}"])
+        found = sorted((w for w in _index_wheels(index_url, name) if w.version == want and w.runs_on_linux_x86_64()
+                        and (interp is None or {interp, "py3"} & w.interpreters)), key=lambda w: w.filename)
+        if not found:
+            raise ToolError(f"{wheel_index.project_url(index_url, name)}: no {name} {want} wheel"
+                            + (f" for {interp}" if interp else "") + " (linux x86_64) to pin torch.wheels by")
+        w = found[0]
+        out[key] = f"{w.url}#sha256={w.sha256 or sha256_url(w.url)}"
     return out
 
 
@@ -198,7 +230,7 @@ def edit_fields(path: Path, changes: dict[str, object]) -> str:
         if key not in written:
             raise UserError(f"{path}: {dotted}: not written in this file (add it, then bump)")
         n = written[key] - 1
-        m = re.match(r"^(\s*(?:-\s+)?" + re.escape(key[-1]) + r":)(\s*)([^#\n]*?)(\s+#[^\n]*)?(\n?)$", lines[n])
+        m = re.match(r"^(\s*(?:-\s+)?" + re.escape(key[-1]) + r":)(\s*)([^\n]*?)(\s+#[^\n]*)?(\n?)$", lines[n])
         if not m:
             raise ToolError(f"{path}:{n + 1}: {dotted}: cannot edit this line in place")
         lines[n] = f"{m.group(1)} {_yaml_scalar(value)}{m.group(4) or ''}{m.group(5)}"
@@ -217,6 +249,12 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
             raise UserError(f"{path}: rocm: bump rocm needs a tarball ROCm (use `bump therock` for source)")
         index = index_url or stack.rocm.tarball.url.rsplit("/", 1)[0] + "/"
         version, url = resolve_tarball(index, stack.gpu_targets[0], to)
+        if version.split(".")[0] != stack.rocm.version.split(".")[0] and stack.torch.index_url:
+            # The torch pins name their ROCm (+rocm<version>): a new line needs its own torch
+            # build, and often another index (whl-next/ from 10.0): not something to guess.
+            raise UserError(f"{path}: rocm: {stack.rocm.version} -> {version} changes the ROCm line; torch "
+                            f"{stack.torch.torch} is built for the old one: start from a stack of that line "
+                            "(e.g. gfx1151-rocm10.0, `toolbox stacks`) or set rocm and torch together")
         changes = {"rocm.version": version, "rocm.tarball.url": url, "rocm.tarball.sha256": sha256_url(url),
                    "rocm.tarball.unverified": False}
     elif component == "torch":

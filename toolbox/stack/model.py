@@ -94,7 +94,22 @@ class Rocm(Model):
     prefix: str = Field("/opt/rocm", description='where ROCm is installed in the image')
     tarball: Optional[Tarball] = Field(None, description='the tarball (source: tarball)')
     therock: Optional[TheRockSource] = Field(None, description='TheRock checkout (source: source)')
+    hip_version: Optional[str] = Field(None, description="HIP's major.minor inside this ROCm where it differs from "
+                                       "the ROCm version (ROCm 10.0.0 ships HIP 7.15): what torch.version.hip "
+                                       "reports and bitsandbytes picks its library by; unset: the ROCm version's")
     _v = field_validator("version")(classmethod(lambda cls, v: _version(v)))
+
+    @field_validator("hip_version")
+    @classmethod
+    def _hip(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d+\.\d+", str(v)):
+            raise ValueError(f"must be HIP's major.minor as a quoted string, like \"7.15\", got {v!r}")
+        return v
+
+    @property
+    def hip(self) -> str:
+        """HIP's major.minor: hip_version, else the ROCm version's (7.x releases carry HIP 7.x)."""
+        return self.hip_version or ".".join(self.version.split(".")[:2])
 
     @model_validator(mode="after")
     def _source_block(self) -> "Rocm":
@@ -115,6 +130,9 @@ class Rccl(Model):
     gpu_targets: Optional[list[str]] = Field(None, description="targets RCCL is built for; unset: the stack's gpu_targets")
     enable_smi: bool = Field(False, description='build RCCL with amd-smi support')
     build_rccl_tests: bool = Field(False, description='also build rccl-tests (all_reduce_perf, ...) for `rccl-check`')
+    fault_injection: Optional[bool] = Field(None, description="RCCL's FAULT_INJECTION cmake option: false builds with "
+                                            "-DFAULT_INJECTION=OFF (TheRock#7903: multi-node collectives of 64-512 MB "
+                                            "run far slower with it compiled in); unset: RCCL's own default (ON)")
     unverified: bool = Field(False, description='true while the commit is not verified')
     _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
     _c = field_validator("commit")(classmethod(lambda cls, v: None if v is None else _commit(v)))
@@ -326,6 +344,7 @@ class StackModel(Model):
                                  f"not gpu_targets {', '.join(self.gpu_targets)}: set {names} for "
                                  f"{', '.join(self.gpu_targets)} too (a tarball URL without its sha256 is "
                                  "pinned on first use)")
+            self._one_rocm_line()
         else:
             for key in ("rocm", "rccl"):
                 if getattr(self, key) is not None:
@@ -337,4 +356,24 @@ class StackModel(Model):
             raise FieldError(("llama_cpp", "backend"), f"backend {l.backend} does not fit platform {self.platform}")
         return self
 
-
+    def _one_rocm_line(self) -> None:
+        """From ROCm 10 on, AMD's indexes hold 7.x and 10.x builds side by side, and pip/uv compare
+        local versions as text: +rocm10.0.0 sorts below +rocm7.15.0a... (TheRock
+        docs/packaging/versioning.md, #7183). So a torch pin that is not one exact build of this
+        ROCm line (+rocm<major>.<minor>.<patch>) could install a 7.x wheel into a 10.x image: refused."""
+        major = re.match(r"(\d+)\.(\d+)", self.rocm.version)
+        if not self.torch.index_url or major is None or int(major[1]) < 10:
+            return
+        line = f"{major[1]}.{major[2]}"
+        for key in ("torch", "torchvision", "torchaudio"):
+            v = getattr(self.torch, key)
+            if v is None:
+                continue
+            local = v.partition("+")[2]
+            m = re.fullmatch(r"rocm(\d+)\.(\d+)\.\d+", local)
+            if m and f"{m[1]}.{m[2]}" == line:
+                continue
+            why = "has no local version" if not local else f"names +{local}"
+            raise FieldError(("torch", key), f"{v} {why}: on ROCm {self.rocm.version} pin one exact build of "
+                             f"its line, +rocm{line}.<patch> (a 7.x wheel sorts above a 10.x one as text, so "
+                             "anything looser can install the wrong ROCm line)")

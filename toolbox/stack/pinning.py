@@ -178,13 +178,15 @@ def pin_tarball(url: str, *, rccl_commit: str | None, pins_file: PinsFile, froze
     return got
 
 
-def _fetch_text(url: str, ca_bundle: Path | None) -> str:
+def _fetch_text(url: str, ca_bundle: Path | None) -> tuple[str, str]:
+    """(the page, the URL it came from after redirects: ROCm 10's stable whl-next/ sends each
+    project page on to pytorch/whl-next/ or core/whl-next/, and relative links resolve there)."""
     import ssl
 
     ctx = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else None
     try:
         with urllib.request.urlopen(url, timeout=60, context=ctx) as resp:
-            return resp.read().decode("utf-8", "replace")
+            return resp.read().decode("utf-8", "replace"), resp.geturl()
     except urllib.error.HTTPError as exc:
         raise ToolError(f"network: cannot read {url} to pin its wheel on first use: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
@@ -209,7 +211,7 @@ def pin_wheel(index_url: str, name: str, version: str, python: str, *, pins_file
                         f"build once without --frozen, or --set torch.wheels.{name}='<wheel URL>#sha256=<64 hex>'")
     page = wheel_index.project_url(index_url, name)
     interp = f"cp{python.replace('.', '')}"
-    found = sorted((w for w in wheel_index.parse_page(_fetch_text(page, ca_bundle), page)
+    found = sorted((w for w in wheel_index.parse_page(*_fetch_text(page, ca_bundle))
                     if w.version == Version(version) and interp in w.interpreters and w.runs_on_linux_x86_64()),
                    key=lambda w: w.filename)
     if not found:

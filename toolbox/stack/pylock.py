@@ -312,8 +312,10 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
               f"# inputs: {inputs_digest(stack)}\n"
               f"# torch inputs: {inputs_digest(stack, 'torch')}\n")
     for r in first_use(stack):
-        header += (f"# first-use: {r} from {stack.model.torch.index_url}: not reachable when locking; "
-                   "installed without a hash check\n")
+        name = re.split(r"[\[=]", r, maxsplit=1)[0]
+        how = ("installed by the stack's torch.wheels URL, whose sha256 pip checks" if name in stack.model.torch.wheels
+               else "installed without a hash check")
+        header += f"# first-use: {r} from {stack.model.torch.index_url}: not reachable when locking; {how}\n"
     for name, why in left_out(stack).items():
         header += f"# left out: {name}, which PyPI Unsloth requires: {why}\n"
     out = user_lock_path(stack) if user else lock_path(stack)

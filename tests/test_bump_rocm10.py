@@ -1,0 +1,154 @@
+"""`toolbox bump rocm|torch` on ROCm 10's stable repository layout, against a local HTTP copy of it
+(127.0.0.1): tarballs in core/tarball/, wheels behind whl-next/, which redirects each project to
+pytorch/whl-next/ (torch, torchvision, torchaudio, amd-torch-device-*) or core/whl-next/ (rocm-sdk-*),
+as AMD's does. Both ROCm lines sit on the one index, so the sort trap is there to fall into:
+"+rocm10.0.0" < "+rocm7.15.0a..." as text, and bump must never pick a 7.x wheel for a 10.x stack.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from toolbox.errors import UserError
+from toolbox.paths import STACKS_DIR
+from toolbox.stack.bump import bump
+from toolbox.stack.load import load_stack
+
+ROOT = Path(__file__).resolve().parents[1]
+LINUX = "linux_x86_64"
+TARBALLS = ["gfx1151-7.14.0", "gfx1151-7.15.0a20260728", "gfx1151-10.0.0", "gfx1151-10.0.1",
+            "gfx1151-10.1.0rc1", "gfx1151-10.1.0", "gfx110X-all-10.9.0"]
+PYTORCH = {
+    "torch": ["torch-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX, "torch-2.13.0+rocm10.0.0-cp312-cp312-" + LINUX,
+              # the 7.x line beside it: as text rocm7.15... sorts above rocm10.0.0
+              "torch-2.13.0+rocm7.15.0a20260728-cp313-cp313-" + LINUX,
+              "torch-2.14.0+rocm7.15.0a20260728-cp313-cp313-" + LINUX,
+              "torch-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX],  # another 10.x release
+    "torchvision": ["torchvision-0.28.0+rocm10.0.0-cp313-cp313-" + LINUX,
+                    "torchvision-0.28.0+rocm7.15.0a20260728-cp313-cp313-" + LINUX,
+                    "torchvision-0.29.0+rocm7.15.0a20260728-cp313-cp313-" + LINUX],
+    "torchaudio": ["torchaudio-2.11.0.2+rocm10.0.0-cp313-cp313-" + LINUX,
+                   "torchaudio-2.13.0+rocm7.15.0a20260728-cp313-cp313-" + LINUX,
+                   "torchaudio-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX],
+    "amd-torch-device-gfx1151": ["amd_torch_device_gfx1151-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX,
+                                 "amd_torch_device_gfx1151-2.13.0+rocm7.15.0a20260728-cp313-cp313-" + LINUX],
+}
+CORE = {"rocm-sdk-device-gfx1151": ["rocm_sdk_device_gfx1151-10.0.0-py3-none-" + LINUX]}
+
+
+class Repo(http.server.SimpleHTTPRequestHandler):
+    """A static file tree plus AMD's whl-next/ redirect."""
+
+    def log_message(self, *a):
+        pass
+
+    def send_head(self):
+        if self.path.startswith("/rocm/whl-next/"):
+            rest = self.path[len("/rocm/whl-next/"):]
+            project = rest.split("/", 1)[0]
+            where = "pytorch" if (Path(self.directory) / "rocm" / "pytorch" / "whl-next" / project).is_dir() else "core"
+            self.send_response(301)
+            self.send_header("Location", f"/rocm/{where}/whl-next/{rest}")
+            self.end_headers()
+            return None
+        return super().send_head()
+
+
+@pytest.fixture()
+def repo(tmp_path):
+    www = tmp_path / "www"
+    (www / "rocm" / "core" / "tarball").mkdir(parents=True)
+    for name in TARBALLS:
+        (www / "rocm" / "core" / "tarball" / f"therock-dist-linux-{name}.tar.gz").write_bytes(f"rocm {name}".encode())
+    for where, projects in (("pytorch", PYTORCH), ("core", CORE)):
+        for project, files in projects.items():
+            d = www / "rocm" / where / "whl-next" / project
+            d.mkdir(parents=True)
+            for f in files:
+                (d / f"{f}.whl").write_bytes(f"wheel {f}".encode())
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Repo, directory=str(www)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/rocm"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture()
+def stack_copy(tmp_path):
+    p = tmp_path / "mine.yaml"
+    shutil.copy(STACKS_DIR / "gfx1151-rocm10.0.yaml", p)
+    return p
+
+
+def test_rocm_to_10_0_is_the_newest_stable_10_0_x_in_core_tarball(repo, stack_copy):
+    index = f"{repo}/core/tarball/"
+    changes = bump("rocm", str(stack_copy), "10.0", index_url=index)
+    assert changes["rocm.version"] == "10.0.1"  # not 10.1.0, not a 7.x, not another family's
+    s = load_stack(str(stack_copy))
+    assert s.rocm.tarball.url == f"{index}therock-dist-linux-gfx1151-10.0.1.tar.gz"
+    assert s.rocm.tarball.sha256 == hashlib.sha256(b"rocm gfx1151-10.0.1").hexdigest()
+    # No --to: the newest stable of the line the stack follows is 10.1.0 (10.1.0rc1 is a pre-release).
+    with pytest.raises(UserError, match="--to 10.2: .* lists 7.14.0, 7.15.0a20260728, 10.0.0, 10.0.1, 10.1.0rc1, 10.1.0"):
+        bump("rocm", str(stack_copy), "10.2", index_url=index)
+
+
+def test_rocm_bump_does_not_cross_rocm_lines_alone(repo, tmp_path):
+    p = tmp_path / "s714.yaml"
+    shutil.copy(STACKS_DIR / "gfx1151-rocm7.14.yaml", p)
+    before = p.read_text()
+    with pytest.raises(UserError, match="7.14.0 -> 10.0.1 changes the ROCm line; torch 2.11.0\\+rocm7.14.0"):
+        bump("rocm", str(p), "10.0", index_url=f"{repo}/core/tarball/")
+    assert p.read_text() == before
+
+
+def test_torch_through_the_whl_next_redirect_never_takes_a_7x_wheel(repo, stack_copy):
+    before = stack_copy.read_text()
+    changes = bump("torch", str(stack_copy), None, index_url=f"{repo}/whl-next/")
+    assert changes["torch.torch"] == "2.13.0+rocm10.0.0"  # not 2.14.0+rocm7.15..., not +rocm10.1.0
+    assert changes["torch.torchvision"] == "0.28.0+rocm10.0.0"
+    assert changes["torch.torchaudio"] == "2.11.0.2+rocm10.0.0"  # ROCm 10.0 pairs 2.13.0 with 2.11.0.2
+    # torch.wheels re-pinned to the redirect's target files (cp313, the stack's Python), hashed.
+    name = "torch-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX + ".whl"
+    want = f"{repo}/pytorch/whl-next/torch/{name.replace('+', '%2B')}#sha256=" + hashlib.sha256(
+        f"wheel {name[:-4]}".encode()).hexdigest()
+    assert changes["torch.wheels.torch"] == want
+    s = load_stack(str(stack_copy))
+    assert s.torch.wheels["torch"] == want and s.torch.torch == "2.13.0+rocm10.0.0"
+    assert all("rocm7" not in v for v in s.torch.wheels.values())
+    after = stack_copy.read_text()
+    assert after.count("\n") == before.count("\n") and "# whl-next/ redirects" in after
+
+
+def test_torch_to_2_14_finds_no_rocm10_0_build(repo, stack_copy):
+    # 2.14.0 exists for rocm7.15... and rocm10.1.0, neither of which is this stack's ROCm.
+    with pytest.raises(UserError, match=r"--to 2.14: no torch 2.14 \+rocm10.0.0 in .*\(it lists 2.13.0\+rocm10.0.0\)"):
+        bump("torch", str(stack_copy), "2.14", index_url=f"{repo}/whl-next/")
+
+
+def test_cli_bump_torch_10x_is_written(repo, stack_copy):
+    r = subprocess.run([sys.executable, "-m", "toolbox", "bump", "torch", "--stack", str(stack_copy),
+                        "--index-url", f"{repo}/whl-next/"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert 'torchaudio: "2.11.0.2+rocm10.0.0"' in stack_copy.read_text()
+
+
+def test_first_use_wheel_pin_follows_the_redirect(repo, tmp_path, monkeypatch):
+    """`toolbox build`'s first-use pin of a wheel (a stack without torch.wheels) reads the page
+    where whl-next/ sends it and pins the file there, for the image's Python only, rocm10 only."""
+    from toolbox.stack.pinning import PinsFile, pin_wheel
+
+    monkeypatch.setenv("TOOLBOX_CACHE_DIR", str(tmp_path / "cache"))
+    pins = PinsFile(tmp_path / "pins.lock.json")
+    ref = pin_wheel(f"{repo}/whl-next/", "torch", "2.13.0+rocm10.0.0", "3.13", pins_file=pins, frozen=False)
+    name = "torch-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX
+    assert ref == (f"{repo}/pytorch/whl-next/torch/{name.replace('+', '%2B')}.whl#sha256="
+                   + hashlib.sha256(f"wheel {name}".encode()).hexdigest())
