@@ -29,7 +29,7 @@ from ..files import atomic_write
 from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, lora_target_parameters, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
 from ..planning.decisions import TARGETS
 from ..planning.arithmetic import GiB
-from . import checkpoints, report
+from . import checkpoints, report, tracking
 from .objectives import trainers
 from .objectives.config import DATA_FORMAT, reference
 from .runs import METRICS, SUMMARY
@@ -164,6 +164,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         raise
     finally:
         trainer.finish_local_sgd()
+        tracking.finish(failed=sys.exc_info()[0] is not None)  # W&B's run files whole before we return
     trainer.check_finite()  # the steps after the last check: no final weights from a NaN run
     save_final(p, trainer, tok)
     summary = summarize(p, trainer, summary)
