@@ -203,6 +203,9 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
         summary["model_location"] = report.model_location(p.out, p.cfg.method, p.cfg.output.save)
         summary["loss_png"] = report.loss_plot(p.out, rows, evals)
         atomic_write(p.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        from ..export import card  # the model card (README.md) beside the run's adapter or model
+
+        card.write_run_cards(p.out, p.cfg.method, p.cfg.output.save)
     return summary
 
 
