@@ -136,3 +136,27 @@ def test_bad_tracking_settings_refused(tmp_path, capsys, tiny_model, over, messa
     err = capsys.readouterr().err
     assert message in err and "s3cret" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_config_wins_over_the_environment_which_wins_over_the_output_folder(tmp_path, monkeypatch, clean_env):
+    import os
+
+    from toolbox_train.training.config import load_config
+
+    def args(**output):
+        cfg, _ = load_config({"model": {"path": "m"}, "data": {"path": "d.jsonl"},
+                              "output": {"dir": str(tmp_path / "run"), **output}})
+        return tracking.training_args(cfg.output, tmp_path / "run", tmp_path)
+
+    a = args(report_to=["mlflow", "wandb", "trackio"])
+    assert a["report_to"] == ["mlflow", "wandb", "trackio"] and a["run_name"] == "run" and a["project"] == "toolbox"
+    assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}"
+    assert os.environ["WANDB_MODE"] == "offline" and os.environ["WANDB_DIR"] == str(tmp_path / "run")
+    assert os.environ["TRACKIO_DIR"] == str(tmp_path / "run" / "trackio")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    args(report_to=["mlflow", "wandb"])
+    assert os.environ["MLFLOW_TRACKING_URI"] == "http://mlflow.internal:5000" and os.environ["WANDB_MODE"] == "online"
+    args(report_to=["mlflow", "wandb"], mlflow={"tracking_uri": "file:///srv/mlruns"}, wandb={"mode": "disabled"})
+    assert os.environ["MLFLOW_TRACKING_URI"] == "file:///srv/mlruns" and os.environ["WANDB_MODE"] == "disabled"
+    assert args(tensorboard=True)["report_to"] == ["tensorboard"] and args()["report_to"] == "none"
