@@ -126,6 +126,8 @@ def test_missing_tracker_package_is_one_line_before_anything_is_written(tmp_path
     ({"output.report_to": ["mlflow"], "output.wandb": {"project": "p"}},
      "output.wandb: set, but wandb is not in output.report_to"),
     ({"output.report_to": ["neptune"]}, "output.report_to.0: Input should be"),
+    ({"output.report_to": ["mlflow"], "output.mlflow": {"tracking_uri": "file:///srv/mlruns"}},
+     "output.mlflow.tracking_uri: file:///srv/mlruns: MLflow's folder store is in maintenance mode"),
     ({"output.wandb": {"api_key": "k"}, "output.report_to": ["wandb"]}, "output.wandb.api_key: unknown key"),
 ])
 def test_bad_tracking_settings_refused(tmp_path, capsys, tiny_model, over, message):
@@ -160,3 +162,15 @@ def test_config_wins_over_the_environment_which_wins_over_the_output_folder(tmp_
     args(report_to=["mlflow", "wandb"], mlflow={"tracking_uri": "file:///srv/mlruns"}, wandb={"mode": "disabled"})
     assert os.environ["MLFLOW_TRACKING_URI"] == "file:///srv/mlruns" and os.environ["WANDB_MODE"] == "disabled"
     assert args(tensorboard=True)["report_to"] == ["tensorboard"] and args()["report_to"] == "none"
+
+
+def test_a_folder_store_from_the_environment_is_named(tmp_path, capsys, monkeypatch, tiny_model, clean_env):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "./mlruns")
+    data = write_dataset(tmp_path / "d.jsonl")
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump(train_config(tiny_model, data, tmp_path / "out", **{"output.report_to": ["mlflow"]})))
+    assert finetune.main(["--config", str(cfg)]) == 2
+    assert "MLFLOW_TRACKING_URI (environment): ./mlruns: MLflow's folder store" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own opt-out: accepted then
+    assert finetune.main(["--config", str(cfg), "--plan"]) == 0

@@ -37,7 +37,7 @@ class _Strict(BaseModel):
 
 class MlflowCfg(_Strict):
     tracking_uri: str | None = Field(
-        None, description="sqlite:///path.db, file:///folder, or a server; unset: MLFLOW_TRACKING_URI if the "
+        None, description="sqlite:///path.db or a server (http[s]://); unset: MLFLOW_TRACKING_URI if the "
         "environment sets it, else sqlite:///<output.dir>/mlflow.db")
     experiment: str = Field("toolbox", min_length=1)
 
@@ -80,6 +80,8 @@ def check(o) -> None:
     for name in ("mlflow", "wandb", "trackio"):
         if name in o.model_fields_set and name not in names:
             raise UserError(f"output.{name}: set, but {name} is not in output.report_to (add it there to log to it)")
+    if "mlflow" in names:
+        _check_mlflow_store(o.mlflow.tracking_uri)
     for name in names:
         module, extra, pin = TRACKERS[name]
         if name == "tensorboard":
@@ -89,6 +91,19 @@ def check(o) -> None:
         elif importlib.util.find_spec(module) is None:
             raise UserError(f"output.report_to: {name} needs the {module} package, which is not installed here: "
                             f"pip install 'strix-toolbox[{extra}]' ({pin})")
+
+
+def _check_mlflow_store(uri: str | None) -> None:
+    # MLflow 3.17 refuses its folder store (maintenance mode) unless MLFLOW_ALLOW_FILE_STORE=true, and
+    # would say so only when training starts, after the model loaded: said here, before anything.
+    field = "output.mlflow.tracking_uri" if uri else "MLFLOW_TRACKING_URI (environment)"
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri or os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("true", "1"):
+        return
+    scheme = urlsplit(uri).scheme
+    if scheme == "file" or not scheme or len(scheme) == 1:  # a path (C:\... on Windows)
+        raise UserError(f"{field}: {uri}: MLflow's folder store is in maintenance mode and refused by mlflow "
+                        "3.17; use a sqlite file (sqlite:///PATH/mlflow.db), or set MLFLOW_ALLOW_FILE_STORE=true")
 
 
 def _local(d: str | None, base: Path, default: Path) -> str:
