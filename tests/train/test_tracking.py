@@ -116,7 +116,7 @@ def test_missing_tracker_package_is_one_line_before_anything_is_written(tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert f"output.report_to: {name} needs the {name} package" in err
-    assert f"pip install 'strix-toolbox[{name}]'" in err
+    assert f"pip install '{tracking.TRACKERS[name][2]}' (on a host: the strix-toolbox[{name}] extra)" in err
     assert not (tmp_path / "out").exists()
 
 

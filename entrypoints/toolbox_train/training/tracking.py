@@ -90,7 +90,7 @@ def check(o) -> None:
                 raise UserError(f"{field}: tensorboard needs the tensorboard package (pip install tensorboard)")
         elif importlib.util.find_spec(module) is None:
             raise UserError(f"output.report_to: {name} needs the {module} package, which is not installed here: "
-                            f"pip install 'strix-toolbox[{extra}]' ({pin})")
+                            f"pip install '{pin}' (on a host: the strix-toolbox[{extra}] extra)")
 
 
 def _check_mlflow_store(uri: str | None) -> None:
