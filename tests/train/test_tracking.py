@@ -57,7 +57,12 @@ def _wandb_records(path):
             yield rec
 
 
-def test_mlflow_wandb_trackio_hold_the_loss_of_metrics_jsonl(tmp_path, tiny_model, clean_env):
+def test_mlflow_wandb_trackio_hold_the_loss_of_metrics_jsonl(tmp_path, tiny_model, clean_env, monkeypatch):
+    # Secrets in the environment, where the trackers read them: none may reach a file of the run.
+    secrets = {"WANDB_API_KEY": "sekret-wandb-0123456789012345678901234567890123",
+               "MLFLOW_TRACKING_TOKEN": "sekret-mlflow-token", "HF_TOKEN": "hf_sekretHFtoken"}
+    for k, v in secrets.items():
+        monkeypatch.setenv(k, v)
     data = write_dataset(tmp_path / "d.jsonl", "text", n=24)
     out = tmp_path / "out"
     finetune.run(train_config(tiny_model, data, out, **{
@@ -100,6 +105,8 @@ def test_mlflow_wandb_trackio_hold_the_loss_of_metrics_jsonl(tmp_path, tiny_mode
     got = [(s, v) for s, v in logs if v is not None]
     assert got == want
     assert (out / "trackio" / "proj-t.db").is_file()
+    leaked = [f for f in out.rglob("*") if f.is_file() and any(v.encode() in f.read_bytes() for v in secrets.values())]
+    assert not leaked
 
 
 @pytest.mark.parametrize("name", ["mlflow", "wandb", "trackio"])
