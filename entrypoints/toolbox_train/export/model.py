@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import llamacpp
+from . import card, llamacpp
 from ..cli import ToolError, UserError, command_parser, run_command
 from ..guards import check_path
 from ..training.runs import RunModel, find_finished, human_size, loading
@@ -216,6 +216,8 @@ def _execute(job: Job) -> dict:
     old = None
     try:
         (do_merged if job.to == "merged" else do_gguf)(job, tmp, manifest)
+        _wrote(card.write(job.rm.run, job.rm.resolved, tmp, job.to,
+                          [f["path"] for f in manifest if f["path"].endswith(".gguf")]), manifest)
         result = {"run": str(job.rm.run), "to": job.to, "out": str(job.out), "kind": job.rm.kind,
                   "method": job.rm.method, "base": job.rm.base, "dtype": job.dtype if job.to == "merged" else None,
                   "quants": job.quants, "files": manifest, "notes": job.notes,

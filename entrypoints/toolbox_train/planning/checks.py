@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..training import checkpoints
+from ..training import checkpoints, tracking
 from ..training.config import TrainConfig, load_located
 from ..training.data import looks_like_hub_id, resolve_local
 from ..training.runs import RESOLVED_CONFIG
@@ -164,7 +164,7 @@ def pre_step_leftovers(out: Path) -> list[Path] | None:
     if not (out / RESOLVED_CONFIG).is_file():
         return None
     for p in entries:
-        if p.name == RESOLVED_CONFIG or (p.name == "tensorboard" and p.is_dir()):
+        if p.name == RESOLVED_CONFIG or p.name in tracking.STORES:
             continue
         if p.name == "checkpoints" and p.is_dir() and not checkpoints.listed(p):
             continue
@@ -311,8 +311,7 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
             raise UserError("train.liger: only on backend hf (Unsloth has its own kernels)")
         if target is None and (not gpu or importlib.util.find_spec("liger_kernel") is None):
             raise UserError("train.liger: true needs the liger-kernel package and a GPU")
-    if cfg.output.tensorboard and not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
-        raise UserError("output.tensorboard: true needs the tensorboard package (pip install tensorboard)")
+    tracking.check(cfg.output)  # each tracker's package, before anything is written
     p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
              precision, bool(liger), sync=sync_mode)
     if cfg.method != "full":

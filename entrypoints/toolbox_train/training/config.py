@@ -13,6 +13,7 @@ from ..cli import UserError
 from ..guards import path_problem, special_file
 from ..safe_yaml import SafeYamlError, load_file, load_text
 from .objectives.config import DpoCfg, GrpoCfg, KtoCfg, OrpoCfg
+from .tracking import MlflowCfg, Tracker, TrackioCfg, WandbCfg
 
 
 class _Strict(BaseModel):
@@ -198,7 +199,13 @@ class OutputCfg(_Strict):
     nan_inf_filter: bool = Field(False, description="transformers' per-step NaN/Inf loss filter (a host sync "
                                  "every step); off, a NaN/inf loss stops the run at the next log step")
     eval_steps: int | None = Field(None, gt=0)
-    tensorboard: bool = False
+    tensorboard: bool = Field(False, description="the same as tensorboard in report_to")
+    report_to: list[Tracker] = Field(default_factory=list, description="experiment trackers (transformers' "
+                                     "callbacks): tensorboard, mlflow, wandb, trackio; settings in the sections below")
+    run_name: str | None = Field(None, description="the run's name in every tracker; unset: output.dir's name")
+    mlflow: MlflowCfg = MlflowCfg()
+    wandb: WandbCfg = WandbCfg()
+    trackio: TrackioCfg = TrackioCfg()
     progress_bar: bool = True
     export: list[str] = Field(default_factory=list, description="run `export-model` at the end: merged, gguf, "
                               "gguf:q8_0,q4_k_m, gguf:q4_k_m+ollama")

@@ -29,7 +29,7 @@ from ..files import atomic_write
 from ..planning.checks import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, lora_target_parameters, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
 from ..planning.decisions import TARGETS
 from ..planning.arithmetic import GiB
-from . import checkpoints, report
+from . import checkpoints, report, tracking
 from .config import SOURCE_KEYS
 from .objectives import trainers
 from .objectives.config import DATA_FORMAT, reference
@@ -168,6 +168,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         raise
     finally:
         trainer.finish_local_sgd()
+        tracking.finish(failed=sys.exc_info()[0] is not None)  # W&B's run files whole before we return
     trainer.check_finite()  # the steps after the last check: no final weights from a NaN run
     save_final(p, trainer, tok)
     summary = summarize(p, trainer, summary)
@@ -206,6 +207,9 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
         summary["model_location"] = report.model_location(p.out, p.cfg.method, p.cfg.output.save)
         summary["loss_png"] = report.loss_plot(p.out, rows, evals)
         atomic_write(p.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        from ..export import card  # the model card (README.md) beside the run's adapter or model
+
+        card.write_run_cards(p.out, p.cfg.method, p.cfg.output.save)
     return summary
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from ..planning.checks import Dist, Plan, using_fsdp
+from .tracking import training_args as tracking_args
 
 
 def sft_args(p: Plan, dist: Dist, fmt: str = "text"):
@@ -32,8 +33,6 @@ def common_args(p: Plan, dist: Dist) -> dict:
     hf_gc = bool(gc) and p.backend == "hf" and not using_fsdp()
     workers = c.data.loader_workers if c.data.loader_workers != "auto" else (1 if p.gpu else 0)
     has_eval = c.data.has_eval()
-    if o.tensorboard:
-        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(p.out / "tensorboard"))
     return dict(
         output_dir=str(p.out / "checkpoints"),
         per_device_train_batch_size=t.per_device_batch_size,
@@ -62,7 +61,7 @@ def common_args(p: Plan, dist: Dist) -> dict:
         save_total_limit=None,  # rotation is ours, after the rename
         eval_strategy="steps" if has_eval and o.eval_steps else ("epoch" if has_eval else "no"),
         eval_steps=o.eval_steps,
-        report_to=["tensorboard"] if o.tensorboard else "none",
+        **tracking_args(o, p.out, p.base),  # report_to, run_name (and trackio's project)
         disable_tqdm=not o.progress_bar or dist.rank != 0,
         gradient_checkpointing=hf_gc,
         gradient_checkpointing_kwargs={"use_reentrant": False} if hf_gc else None,
