@@ -209,10 +209,15 @@ def test_a_source_names_its_own_columns(tmp_path, suffix):
         _mix(tmp_path, [sources[0], {**sources[1], "fields": {"instruction": "question", "output": "reply"}}])
 
 
-def test_chat_and_alpaca_sources_train_together_on_the_responses(tmp_path, tiny_model):
+def test_chat_and_alpaca_sources_train_together_on_the_responses(tmp_path, tiny_model, monkeypatch):
+    # Issue 32's whole config: two sources (chat + alpaca), loss on the answers (the default) and MLflow.
+    for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(k, raising=False)
     chat = write_dataset(tmp_path / "chat.jsonl", "messages", n=24)
     alpaca = write_dataset(tmp_path / "alpaca.jsonl", "alpaca", n=24, seed=1)
-    cfg = train_config(tiny_model, "unused", tmp_path / "out", **{"train.max_steps": 6, "data.max_seq_length": 128})
+    cfg = train_config(tiny_model, "unused", tmp_path / "out", **{
+        "train.max_steps": 6, "data.max_seq_length": 128, "data.train_on": "responses",
+        "output.report_to": ["mlflow"], "output.mlflow": {"experiment": "mix"}})
     cfg["data"] = {"sources": [{"path": str(chat), "weight": 1}, {"path": str(alpaca), "format": "alpaca", "weight": 1,
                                                                   "eval_split": 0.25}],
                    "max_seq_length": 128}
@@ -227,6 +232,15 @@ def test_chat_and_alpaca_sources_train_together_on_the_responses(tmp_path, tiny_
         user = whole.split("<|user|>")[1].split("<|end|>")[0]
         sentence = user.removeprefix("say: ").removeprefix("Repeat the sentence.\n\n")
         assert labelled == f"{sentence}<|end|>", (whole, labelled)
+    # the MLflow run (sqlite store in the output folder, read with mlflow's client) holds metrics.jsonl's loss
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "out"
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("mix").experiment_id])
+    want = [(r["step"], r["loss"]) for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+    assert len(want) == 6
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")) == want
 
 
 def test_a_resumed_mixture_sees_the_same_rows(tmp_path, tiny_model, monkeypatch):
