@@ -237,13 +237,13 @@ def load_located(config: dict | str | Path, overrides: Sequence[str] = ()) -> tu
         raise UserError(_fmt_errors(exc, source, marks, set_keys)) from None
 
     def where(message: str) -> str:
-        m = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", message)
+        m = re.match(r"([a-z_]+(?:\.(?:[a-z_]+|\d+))*): ", message)  # grpo.rewards.0.function: a list item
         if not m or m.group(1).split(".")[0] not in TrainConfig.model_fields:
             return message
         field = m.group(1)
         if any(field == k or field.startswith(k + ".") for k in set_keys):
             return f"--set {message}"
-        path = tuple(field.split("."))
+        path = tuple(int(x) if x.isdigit() else x for x in field.split("."))
         while path and path not in marks:
             path = path[:-1]
         return f"{source}:{marks[path][0]}: {message}" if path in marks else f"{source}: {message}"
