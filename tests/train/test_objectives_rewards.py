@@ -106,6 +106,27 @@ def test_a_reward_function_that_fails_on_real_rows_is_refused_before_the_model(t
     assert not (tmp_path / "out").exists()
 
 
+def test_eval_rows_are_tried_too_and_launch_refuses_before_any_rank(tmp_path, tiny_model, capsys):
+    """data.eval_path's rows may lack a column the training rows have: named before the model loads;
+    launch runs the same trial before it starts a rank."""
+    from toolbox_train.distributed import launch
+
+    _answers(tmp_path / "g.jsonl")
+    evald = pref.write(tmp_path / "e.jsonl", "prompt", 4)  # no answer column
+    (tmp_path / "my_rewards.py").write_text(
+        "def correct(prompts, completions, answer, **kw):\n    return [float(a in c) for c, a in zip(completions, answer)]\n")
+    cfg = _write(tmp_path, tiny_model, tmp_path / "g.jsonl", [{"function": "my_rewards:correct"}],
+                 **{"data.eval_path": str(evald)})
+    for run in (lambda: finetune.main(["--config", str(cfg)]),
+                lambda: launch.main(["--strategy", "ddp", "--nproc", "2", "--cpu", "--", "finetune", "--config", str(cfg)])):
+        assert run() == 2
+        err = capsys.readouterr().err
+        assert f"{cfg}:{_line_of_reward(cfg, 0)}: grpo.rewards.0.function: my_rewards:correct: raised TypeError: " \
+               "correct() missing 1 required positional argument: 'answer' (called before the model loads on 4 rows " \
+               "of data.eval_path" in err, err
+        assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("value", ["float('nan')", "None"])
 def test_a_nan_or_missing_reward_in_training_stops_the_run(tmp_path, tiny_model, capsys, value):
     """Fine on the trial call (trainer_state.global_step 0), NaN/None from step 3 on: the run stops there
