@@ -161,3 +161,41 @@ def test_dpo_with_combined_losses_and_their_weights_trains(tmp_path, tiny_model,
     assert "loss_type sigmoid+sft, loss_weights 1.0+0.5" in capsys.readouterr().err
     resolved = yaml.safe_load((tmp_path / "out" / "config.resolved.yaml").read_text())
     assert resolved["dpo"]["loss_weights"] == [1.0, 0.5]
+
+
+def test_the_trial_call_passes_what_trl_passes(tiny_model):
+    """The trial's arguments are TRL's (_calculate_rewards): prompts, completions (conversational ones as
+    assistant messages holding the prompt's last text), completion_ids, the other columns, trainer_state,
+    log_extra, log_metric; an async function is awaited."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from toolbox_train.training.config import TrainConfig
+    from toolbox_train.training.objectives import rewards
+
+    got = {}
+
+    def record(prompts, completions, completion_ids, answer, trainer_state, log_extra, log_metric):
+        got.update(prompts=prompts, completions=completions, ids=completion_ids, answer=answer,
+                   step=trainer_state.global_step)
+        return [0.5] * len(completions)
+
+    async def later(completions, **kw):
+        return [1] * len(completions)
+
+    chat = [[{"role": "user", "content": f"say {w}"}] for w in ("a", "b", "c", "d", "e")]
+    ds = Dataset.from_list([{"prompt": p, "answer": str(i)} for i, p in enumerate(chat)])
+    cfg = TrainConfig.model_validate({"model": {"path": "m"}, "data": {"path": "d"}, "output": {"dir": "o"},
+                                      "objective": "grpo", "grpo": {"rewards": [{"function": "m:record"},
+                                                                                {"function": "m:later"}]}})
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rewards.trial(cfg, [record, later], ds, tok, "data.path")
+    assert got["prompts"] == chat[:4] and got["answer"] == ["0", "1", "2", "3"] and got["step"] == 0
+    assert got["completions"] == [[{"role": "assistant", "content": f"say {w}"}] for w in "abcd"]
+    assert got["ids"] == [tok(f"say {w}", add_special_tokens=False)["input_ids"] for w in "abcd"]
+
+    async def nan(completions, **kw):
+        return [float("nan")] * len(completions)
+
+    with pytest.raises(rewards.UserError, match=r"grpo.rewards.1.function: m:later: returned nan for completion 1"):
+        rewards.trial(cfg, [record, nan], ds, tok, "data.path")
