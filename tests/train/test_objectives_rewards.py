@@ -150,6 +150,25 @@ def test_a_nan_or_missing_reward_in_training_stops_the_run(tmp_path, tiny_model,
     assert not (out / "summary.json").exists() and not (out / "model.safetensors").exists()
 
 
+def test_a_reward_function_raising_in_training_is_named(tmp_path, tiny_model, capsys):
+    """It was 'internal error: KeyError' (TRL's exception, the function not named)."""
+    _answers(tmp_path / "g.jsonl")
+    (tmp_path / "my_rewards.py").write_text(
+        "def late(completions, trainer_state, **kw):\n"
+        "    if trainer_state.global_step >= 1:\n        raise KeyError('no such answer')\n"
+        "    return [1.0 for c in completions]\n")
+    cfg = _write(tmp_path, tiny_model, tmp_path / "g.jsonl", [{"function": "my_rewards:late"}])
+    assert finetune.main(["--config", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert last.startswith("finetune: error: grpo.rewards.0.function my_rewards:late raised KeyError: 'no such answer' "
+                           "at step 2: training stopped, nothing written after it"), err
+    assert not (tmp_path / "out" / "summary.json").exists()
+    # step 1 trained with the reward the function gave before it raised
+    assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])["reward"] == 1.0
+
+
 def test_dpo_with_combined_losses_and_their_weights_trains(tmp_path, tiny_model, capsys):
     """docs/preference.md's example: loss_type [sigmoid, sft] with loss_weights [1.0, 0.5]."""
     data = pref.write(tmp_path / "p.jsonl", "preference", 16)

@@ -9,7 +9,9 @@ when used, so that its patched trainers are the ones taken).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import inspect
 
 from ...cli import UserError
 from .config import REFERENCE_TEXT, reference
@@ -101,22 +103,54 @@ class PairedTokens:
         return super()._track_num_input_tokens(inputs)
 
 
+class RewardRaised(Exception):
+    """A reward function raised during training: its index in grpo.rewards, and the exception."""
+
+    def __init__(self, index: int, exc: Exception):
+        super().__init__(index, exc)
+        self.index, self.exc = index, exc
+
+
+def guarded(index: int, fn):
+    """`fn`, whose exceptions come out as RewardRaised naming its entry (TRL's own would not name it).
+    Async functions are left as they are: TRL tells them apart by their type."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except Exception as exc:
+            raise RewardRaised(index, exc) from exc
+
+    return call
+
+
 class FiniteRewards:
     """GRPO: a reward that is NaN/inf, or None (which TRL 1.15 turns into NaN and leaves out of the mean,
     so that a run whose reward function always fails trains on zero advantages and exits 0), stops the run
-    as a NaN loss does, naming the function. The check is on the rewards gathered from every rank, so
-    every rank stops at the same step."""
+    as a NaN loss does, naming the function; so does a function that raises (guarded). The NaN check is on
+    the rewards gathered from every rank, so every rank stops at the same step."""
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         import torch
 
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        from ...cli import first_line
+
+        step = self.state.global_step + 1
+        try:
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        except RewardRaised as e:
+            fn = self.toolbox_plan.cfg.grpo.rewards[e.index].function
+            raise self.stopped(f"grpo.rewards.{e.index}.function {fn} raised {type(e.exc).__name__}: "
+                               f"{first_line(e.exc, 200)} at step {step}", "fix the function, then resume") from None
         bad = ~torch.isfinite(rewards)
         if bad.any():
             entries = self.toolbox_plan.cfg.grpo.rewards
             named = "; ".join(f"grpo.rewards.{i}.function {entries[i].function}: {int(bad[:, i].sum())} of "
                               f"{len(bad)} completions" for i in bad.any(0).nonzero().flatten().tolist())
-            raise self.stopped(f"a reward function returned NaN/inf or None at step {self.state.global_step + 1} "
+            raise self.stopped(f"a reward function returned NaN/inf or None at step {step} "
                                f"({named})", "every completion needs a finite number from every reward function")
         return rewards
 
@@ -137,7 +171,7 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, rewards=N
     kw = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
               peft_config=peft_cfg, plan=p, callbacks=callbacks)
     if p.cfg.objective == "grpo":
-        kw["reward_funcs"] = funcs
+        kw["reward_funcs"] = [guarded(i, f) for i, f in enumerate(funcs)]
     if p.cfg.objective == "orpo" and "prompt" not in train_ds.column_names:
         # DPOTrainer and KTOTrainer take an implicit prompt out themselves; ORPOTrainer does not
         from trl.data_utils import extract_prompt
