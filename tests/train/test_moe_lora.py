@@ -265,3 +265,38 @@ def test_plan_counts_the_adapter_peft_builds_for_converted_experts(qwen3_moe, ta
     e = M.estimate(p.memory.shape, st)
     assert e.parts["weights"] - M.estimate(p.memory.shape, dataclasses.replace(st, lora_params=0)).parts["weights"] \
         == trained["n"] * 4  # fp32 adapters on backend hf
+
+
+@pytest.mark.parametrize("targets,unmatched", [(["foo"], "foo matches"), (["q_proj", "foo", "bar"], "foo, bar match")])
+@pytest.mark.parametrize("plan", [True, False])
+def test_a_target_module_matching_nothing_is_refused_on_a_dense_model(tiny_model, targets, unmatched, plan,
+                                                                        tmp_path, capsys):
+    """A Llama with lora.target_modules [foo] ended as 'internal error: NoMatchingPeftModuleError' after the
+    weights loaded, config.resolved.yaml written; [q_proj, foo] trained q_proj alone, foo silently ignored."""
+    data = bench.write_text_dataset(tmp_path / "d.jsonl", 4, 20, 500)
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump(train_config(tiny_model, data, tmp_path / "o",
+                                               **{"method": "lora", "lora.target_modules": targets})))
+    assert finetune.main(["--config", str(cfg), *(["--plan"] if plan else [])]) == 2
+    raw = capsys.readouterr().err
+    err = [ln for ln in raw.splitlines() if "error" in ln]
+    assert len(err) == 1 and "Traceback" not in raw, raw
+    assert err[0].startswith(f"finetune: error: {cfg}:"), err
+    assert f"lora.target_modules: {unmatched} no module of llama (its modules: embed_tokens, q_proj, k_proj, " \
+           "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head; or all-linear)" in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("model,targets,ok", [
+    ("qwen3-moe", ["gate_proj", "up_proj", "foo"], False), ("qwen3-moe", ["gate_proj", "up_proj", "q_proj"], True),
+    ("gpt-oss", ["q_proj", "foo"], False), ("gpt-oss", ["q_proj", "gate_proj", "up_proj", "down_proj"], True)])
+def test_moe_target_entries_count_the_experts_they_select(qwen3_moe, gpt_oss, model, targets, ok, tmp_path, capsys):
+    """On MoE models an MLP name selects the experts (PEFT's conversion, GPT-OSS's target_parameters): matched;
+    a name that selects nothing is still refused."""
+    data = bench.write_text_dataset(tmp_path / "d.jsonl", 4, 20, 500)
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump(train_config(qwen3_moe if model == "qwen3-moe" else gpt_oss, data, tmp_path / "o",
+                                               **{"method": "lora", "lora.target_modules": targets})))
+    assert finetune.main(["--config", str(cfg), "--plan"]) == (0 if ok else 2)
+    err = capsys.readouterr().err
+    assert ok or "lora.target_modules: foo matches no module of " in err and "the experts: gate_proj" in err, err

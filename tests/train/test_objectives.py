@@ -119,6 +119,8 @@ def test_kto_full_trains_against_a_frozen_copy_and_exports(tmp_path, tiny_model)
     out = tmp_path / "out"
     m = _metrics(out)
     assert len(m) == 10 and m[-1]["rewards/margins"] > 0.1 and s["last_loss"] < s["first_loss"]
+    # what docs/preference.md says KTO logs: TRL 1.15's KTOTrainer computes no rewards/accuracies
+    assert all("rewards/accuracies" not in r for r in m) and {"rewards/chosen", "rewards/rejected", "kl"} <= m[-1].keys()
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
     assert resolved["kto"]["undesirable_weight"] == 1.5 and resolved["_resolved"]["reference_model"] == "copy"
     _exports(out)

@@ -155,5 +155,7 @@ def validate(p: Plan):
         loaded = load_datasets(p.cfg, p.base, check=check)
     except UserError as exc:  # data.path / data.eval_path / data.format: where the config says so
         raise UserError(p.locate(str(exc))) from None
-    trainers.check(p, p.world_size)  # GRPO's reward functions resolve: launch checks them too
+    train, evald, _ = loaded
+    sets = [(train, "data.path")] + ([(evald, "data.eval_path")] if p.cfg.data.eval_path else [])
+    trainers.check(p, p.world_size, tok, sets)  # GRPO's reward functions resolve and run: launch checks them too
     return loaded

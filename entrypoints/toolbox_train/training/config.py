@@ -320,7 +320,7 @@ def load_located(config: dict | str | Path, overrides: Sequence[str] = ()) -> tu
         raise UserError(_fmt_errors(exc, source, marks, set_keys)) from None
 
     def where(message: str) -> str:
-        m = re.match(r"([a-z_]+(?:\.(?:[a-z_]+|\d+))*): ", message)  # data.sources.1.weight: a list item's index
+        m = re.match(r"([a-z_]+(?:\.(?:[a-z_]+|\d+))*): ", message)  # data.sources.1.weight, grpo.rewards.0.function: a list item's index
         if not m or m.group(1).split(".")[0] not in TrainConfig.model_fields:
             return message
         field = m.group(1)

@@ -132,6 +132,12 @@ def shape(ds, fmt: str, text_field: str, path: str):
     """Map rows (already checked against `fmt`) to what SFTTrainer expects: `text`,
     `prompt`+`completion`, or `messages`. Row order is kept, so a row's index still locates it."""
     cols = list(ds.column_names)
+    if fmt == "prompt":  # GRPO: TRL passes every other column to the reward functions as keyword arguments
+        taken = [c for c in cols if c in pref_rows.REWARD_ARGS]
+        if taken:
+            raise UserError(f"data: {path}: column(s) {taken} have the names of arguments TRL gives the reward "
+                            "functions itself; rename them")
+        return ds
     if fmt in pref_rows.FORMATS:  # TRL's own column names; anything else is left out
         return ds.select_columns([c for c in pref_rows.COLUMNS[fmt] if c in cols])
     if fmt == "text":

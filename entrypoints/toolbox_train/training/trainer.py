@@ -208,12 +208,15 @@ class Toolbox:
             bad = self.accelerator.reduce(bad.to(self.args.device), reduction="sum")
         if int(bad) == 0:
             return
-        root = Path(self.args.output_dir)
-        cp = checkpoints.newest_complete(root, warn=lambda m: None)
+        raise self.stopped(f"the loss became NaN/inf at step {self.state.global_step}",
+                           "lower train.learning_rate or set train.max_grad_norm")
+
+    def stopped(self, what: str, hint: str) -> ToolError:
+        """The error that stops a run gone bad (a NaN loss, a NaN reward): nothing is written after it."""
+        cp = checkpoints.newest_complete(Path(self.args.output_dir), warn=lambda m: None)
         kept = (f"the last good checkpoint is {cp}: `finetune --resume` continues from it" if cp
                 else "no checkpoint was written before it")
-        raise ToolError(f"the loss became NaN/inf at step {self.state.global_step}: training stopped, nothing "
-                        f"written after it; {kept} (lower train.learning_rate or set train.max_grad_norm)")
+        return ToolError(f"{what}: training stopped, nothing written after it; {kept} ({hint})")
 
     def _training_step(self, model, inputs, num_items_in_batch=None):
         if not getattr(self, "_hooked", False):

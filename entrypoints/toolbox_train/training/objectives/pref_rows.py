@@ -3,7 +3,7 @@
 
   preference (dpo, orpo)  prompt (optional: implicit, the shared start), chosen, rejected
   unpaired (kto)          prompt, completion, label (true: desirable)
-  prompt (grpo)           prompt
+  prompt (grpo)           prompt (every other column reaches the reward functions)
 
 A missing field, a chosen equal to its rejected, an empty completion (after an implicit prompt is
 taken out) are refused naming the file and line (rowcheck.py does the naming).
@@ -16,6 +16,10 @@ from typing import Any
 FORMATS = ("preference", "unpaired", "prompt")
 COLUMNS = {"preference": ("prompt", "chosen", "rejected"), "unpaired": ("prompt", "completion", "label"),
            "prompt": ("prompt",)}
+# What TRL 1.15's GRPOTrainer passes every reward function besides the data's other columns
+# (_calculate_rewards): a column of one of these names would collide with it.
+REWARD_ARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+               "environments")
 HINT = {"preference": "prompt (optional), chosen, rejected", "unpaired": "prompt, completion, label",
         "prompt": "prompt"}
 

@@ -1,6 +1,7 @@
 """GRPO reward functions named in the config: two built-ins (a format check by regex, a length
 penalty) and `module:function`, a module.py beside the config or an installed module. Resolved
-before the model loads, so a typo is exit 2, not a failure after loading.
+and called once on a few rows (`trial`) before the model loads, so a typo, a function that raises
+or returns no number per completion is exit 2, not a failure after loading.
 
 A reward function is TRL's: `f(prompts, completions, **columns) -> list[float]`, one per
 completion; conversational completions are lists of messages (the text is the last's content).
@@ -8,8 +9,12 @@ completion; conversational completions are lists of messages (the text is the la
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
+import inspect
+import math
+import numbers
 import re
 import sys
 from pathlib import Path
@@ -75,8 +80,64 @@ def resolve(cfg, base: Path) -> tuple[list[Callable], list[float]]:
             funcs.append(length_penalty(r.max_chars))
         else:
             mod_name, _, attr = r.function.partition(":")
-            fn = getattr(_module(mod_name, base, field), attr, None)
-            if not callable(fn):
+            mod = _module(mod_name, base, field)
+            if not hasattr(mod, attr):
                 raise UserError(f"{field}: {r.function}: module {mod_name!r} has no function {attr!r}")
+            fn = getattr(mod, attr)
+            if not callable(fn):
+                raise UserError(f"{field}: {r.function}: {mod_name}.{attr} is a {type(fn).__name__}, not callable")
             funcs.append(fn)
     return funcs, [r.weight for r in rewards]
+
+
+TRIAL_ROWS = 4  # rows each reward function is called on before the model loads
+
+
+def stand_in(prompt):
+    """The completion of the trial call: the prompt's own text (a conversation: its last message's
+    text, as an assistant message), so that a reward function sees text of its own data's kind."""
+    return [{"role": "assistant", "content": _text(prompt)}] if isinstance(prompt, list) else prompt
+
+
+def _problem(out, n: int) -> str | None:
+    """What is wrong with a reward function's output for n completions, or None."""
+    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
+        return f"returned {type(out).__name__}, not a list of numbers"
+    if len(out) != n:
+        return f"returned {len(out)} rewards for {n} completions (one per completion)"
+    for k, x in enumerate(out):
+        if x is None:
+            return f"returned None for completion {k + 1} (a missing reward: every completion needs a number)"
+        number = isinstance(x, numbers.Real) or (hasattr(x, "item") and getattr(x, "ndim", None) == 0)
+        if not number or isinstance(x, (str, bytes)):
+            return f"returned {type(x).__name__} {str(x)[:40]!r} for completion {k + 1}, not a number"
+        if not math.isfinite(float(x)):
+            return f"returned {float(x)} for completion {k + 1}"
+    return None
+
+
+def trial(cfg, funcs, ds, tok, field: str) -> None:
+    """Each reward function called as TRL's GRPOTrainer calls it (_calculate_rewards: prompts,
+    completions, completion_ids, the data's other columns, trainer_state, log_extra, log_metric), on
+    the first rows of `ds` with stand-in completions; UserError naming the function otherwise."""
+    from transformers import TrainerState
+
+    rows = ds.select(range(min(TRIAL_ROWS, len(ds)))).to_list()
+    prompts = [r["prompt"] for r in rows]
+    completions = [stand_in(p) for p in prompts]
+    kw = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion", "completion_ids")}
+    kw.update(completion_ids=[tok(_text(c), add_special_tokens=False)["input_ids"] for c in completions],
+              trainer_state=TrainerState(), log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
+    how = (f"(called before the model loads on {len(rows)} rows of {field}, each prompt's own text standing in "
+           "for its completion)")
+    for i, (r, fn) in enumerate(zip(cfg.grpo.rewards, funcs)):
+        name = f"grpo.rewards.{i}.function: {r.function}"
+        try:
+            out = fn(prompts=prompts, completions=completions, **kw)
+            if inspect.isawaitable(out):  # TRL runs async reward functions too
+                out = asyncio.run(out)
+        except Exception as exc:
+            raise UserError(f"{name}: raised {type(exc).__name__}: {first_line(exc, 200)} {how}") from None
+        why = _problem(out, len(prompts))
+        if why:
+            raise UserError(f"{name}: {why} {how}")
