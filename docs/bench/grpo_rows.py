@@ -107,11 +107,13 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
     cfg = {"model": {"path": str(model_dir)}, "objective": "grpo", "method": "lora", "backend": "hf",
            "data": {"path": str(data), "max_seq_length": ENV["PROMPT"] + 8},
            "grpo": {"num_generations": ENV["GENS"], "max_completion_length": ENV["COMPLETION"],
-                    "generation": generation, "rewards": [{"function": "length", "max_chars": ENV["COMPLETION"]}]},
+                    "rewards": [{"function": "length", "max_chars": ENV["COMPLETION"]}]},
            "lora": {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": LORA_TARGETS},
            "train": {"max_steps": ENV["WARMUP"] + ENV["STEPS"], "per_device_batch_size": ENV["BATCH"],
                      "precision": "bf16" if DEVICE == "cuda" else "fp32", "lr_scheduler": "constant", "seed": 0},
            "output": {"dir": str(run_dir), "save_steps": 0, "logging_steps": 1, "progress_bar": False}}
+    if generation != "transformers":  # the default is left out, so a code tree without the key runs it too
+        cfg["grpo"]["generation"] = generation
     blocks: list = []
     steps: dict = {}
     record_trl_timings(blocks)
