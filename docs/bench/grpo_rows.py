@@ -135,12 +135,23 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
            "generation_and_scoring_share": round(prep / total, 3),
            "generated_tokens_per_s": round(ENV["BATCH"] * ENV["COMPLETION"] * len(timed) / gen, 1) if gen else None,
            "blocks_seen": sorted({n for n, _, _ in blocks}), "per_step": per_step,
+           "resolved": _resolved(run_dir),
            "versions": _versions()}
     if DEVICE == "cuda":
         import torch
 
         row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return row
+
+
+def _resolved(run_dir: Path) -> dict | None:
+    """What finetune decided (gradient checkpointing, precision, ...): config.resolved.yaml's _resolved."""
+    import yaml
+
+    try:
+        return yaml.safe_load((run_dir / "config.resolved.yaml").read_text()).get("_resolved")
+    except (OSError, AttributeError):
+        return None
 
 
 def _device_name() -> str:
