@@ -146,6 +146,8 @@ def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, target=None) -> str:
             # Measured (issue 24, H200, llama-1b shape, TRL 1.15): DPOTrainer + PEFT 13.1 pairs/s,
             # the same under Unsloth 2026.10.9 8.9 pairs/s: auto takes the faster path.
             return "hf"
+        if cfg.objective == "grpo" and cfg.grpo.generation == "vllm-colocate":
+            return "hf"  # TRL's colocate mode; Unsloth's GRPO wants its own fast_inference engine
         return "unsloth" if (gpu and have_unsloth and not fsdp) else "hf"
     return "hf"
 

@@ -81,6 +81,16 @@ class GrpoCfg(_Strict):
     temperature: float = Field(1.0, gt=0)
     beta: float = Field(0.0, ge=0, description="KL weight; > 0 needs the reference model")
     rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")
+    generation: Literal["transformers", "vllm-colocate"] = Field(
+        "transformers", description="transformers' generate, or TRL's vLLM colocate mode (generation.py)")
+    vllm_gpu_memory_utilization: float | None = Field(
+        None, gt=0, lt=1, description="vllm-colocate: the GPU memory share vLLM takes (TRL's default 0.3)")
+
+    @model_validator(mode="after")
+    def _vllm_only(self):
+        if self.vllm_gpu_memory_utilization is not None and self.generation != "vllm-colocate":
+            raise ValueError("vllm_gpu_memory_utilization belongs to generation: vllm-colocate")
+        return self
 
 
 def reference(cfg) -> str:

@@ -43,8 +43,11 @@ def check(p, world_size: int, tok=None, sets=()) -> tuple[list, list[float]] | N
     cfg = p.cfg
     if cfg.objective != "grpo":
         return None
-    from . import rewards
+    from . import generation, rewards
 
+    why = generation.refusal(cfg, p.backend, p.gpu)
+    if why:
+        raise UserError(p.locate(why))
     g = cfg.grpo.num_generations
     batch = cfg.train.per_device_batch_size * p.grad_accum * world_size
     if batch % g:
@@ -62,6 +65,7 @@ def check(p, world_size: int, tok=None, sets=()) -> tuple[list, list[float]] | N
 def trl_args(p, dist, reward_weights: list[float] | None = None):
     """The TRL config of the objective: the shared arguments plus the objective's section."""
     from ..sft_config import common_args
+    from . import generation
 
     cfg = p.cfg
     mod, _, config_name = TRAINERS[cfg.objective]
@@ -81,7 +85,7 @@ def trl_args(p, dist, reward_weights: list[float] | None = None):
         g = cfg.grpo
         kw.update(num_generations=g.num_generations, max_completion_length=g.max_completion_length,
                   temperature=g.temperature, beta=g.beta, reward_weights=reward_weights,
-                  shuffle_dataset=cfg.data.shuffle)
+                  shuffle_dataset=cfg.data.shuffle, **generation.trl_kwargs(g))
     fields = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in kw.items() if k in fields})
 

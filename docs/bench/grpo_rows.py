@@ -1,0 +1,201 @@
+"""Issue 32's GRPO generation share: what part of a GRPO step `finetune` spends inside generation
+(transformers' `generate`, TRL 1.15's default), per step, on a random-init bench shape with LoRA.
+
+    python docs/bench/grpo_rows.py OUT WORK [--shapes llama-1b,qwen3-0.6b] [--generation transformers]
+    python docs/bench/grpo_rows.py OUT WORK --one SHAPE GENERATION   (one row; what the driver runs per process)
+
+How it is timed: TRL 1.15 wraps its generation in `profiling_context` blocks ("transformers.generate",
+or "vLLM.generate" and "sync_weights" in the vLLM modes) and its `_prepare_inputs` (generation,
+rewards, advantages) in `profiling_decorator`; their durations go only to W&B / MLflow / Trackio,
+never to the trainer's logs. This script wraps `trl.extras.profiling.ProfilingContext.__exit__`
+(the device synchronized first) to record each block's time with its step, and a TrainerCallback
+times each optimizer step (synchronized, end to end). With gradient accumulation 1, TRL generates
+once per step (steps_per_generation = accumulation), so each timed step holds one generation.
+
+Settings (environment): PROMPT 128 words (one token each: bench/synthetic's word-level tokenizer),
+COMPLETION 256 tokens, GENS 8 completions per prompt, BATCH 16 completions a step (2 prompts),
+WARMUP 2 + STEPS 8 timed, LoRA r16 on every projection, backend hf, bf16 (fp32 on DEVICE=cpu).
+A random-init model almost never samples its EOS id, so every completion runs the full COMPLETION
+tokens: the workload is the same every step. The reward is the built-in length penalty with max_chars
+COMPLETION (the decoded lengths vary, so the advantages are not all zero and the backward is a real one).
+Rows go to OUT/grpo-rows.json and one `ROW {...}` line each on stdout; WORK holds the models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENV = {k: int(os.environ.get(k, d)) for k, d in
+       (("PROMPT", 128), ("COMPLETION", 256), ("GENS", 8), ("BATCH", 16), ("WARMUP", 2), ("STEPS", 8))}
+DEVICE = os.environ.get("DEVICE", "cuda")
+GENERATE = ("transformers.generate", "transformers.generate_batch", "vLLM.generate", "sync_weights")
+PREPARE = "_prepare_inputs"
+
+
+def _sync():
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def record_trl_timings(into: list) -> None:
+    """Every TRL profiling block's (name, step it ran in, seconds), the device synchronized at the end of
+    the generation blocks and of _prepare_inputs (they end in host reads of their results anyway)."""
+    from trl.extras import profiling
+
+    exit_ = profiling.ProfilingContext.__exit__
+
+    def __exit__(self, *exc):
+        name = self.name.split(".", 1)[1] if "." in self.name else self.name  # "<TrainerClass>.<block>"
+        if name in GENERATE or name == PREPARE:
+            _sync()
+        if self._start_time is not None:
+            into.append((name, (self.step or 0) + 1, time.perf_counter() - self._start_time))
+        return exit_(self, *exc)
+
+    profiling.ProfilingContext.__exit__ = __exit__
+
+
+def step_clock(times: dict):
+    """A TrainerCallback: wall time of each optimizer step (previous step's end to this one's)."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        last = None
+
+        def on_train_begin(self, *a, **k):
+            _sync()
+            Clock.last = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **k):
+            _sync()
+            t = time.perf_counter()
+            times[state.global_step] = t - Clock.last
+            Clock.last = t
+
+    return Clock()
+
+
+def _data(path: Path, vocab: int, n: int = 256) -> Path:
+    rnd = random.Random(0)
+    path.write_text("".join(json.dumps({"prompt": " ".join(f"w{rnd.randrange(4, min(vocab, 32768))}"
+                                                           for _ in range(ENV["PROMPT"]))}) + "\n"
+                            for _ in range(n)))
+    return path
+
+
+def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> dict:
+    from toolbox_train.bench.shapes import LORA_TARGETS
+    from toolbox_train.bench.synthetic import build_model_dir
+    from toolbox_train.training import finetune
+
+    model_dir = work / f"model-{shape}"
+    if not model_dir.exists():
+        build_model_dir(shape, model_dir, device=DEVICE)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    data = work / f"prompts-{shape}-{ENV['PROMPT']}.jsonl"
+    if not data.exists():
+        _data(data, vocab)
+    run_dir = work / f"run-{shape}-{generation}"
+    cfg = {"model": {"path": str(model_dir)}, "objective": "grpo", "method": "lora", "backend": "hf",
+           "data": {"path": str(data), "max_seq_length": ENV["PROMPT"] + 8},
+           "grpo": {"num_generations": ENV["GENS"], "max_completion_length": ENV["COMPLETION"],
+                    "rewards": [{"function": "length", "max_chars": ENV["COMPLETION"]}]},
+           "lora": {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": LORA_TARGETS},
+           "train": {"max_steps": ENV["WARMUP"] + ENV["STEPS"], "per_device_batch_size": ENV["BATCH"],
+                     "precision": "bf16" if DEVICE == "cuda" else "fp32", "lr_scheduler": "constant", "seed": 0},
+           "output": {"dir": str(run_dir), "save_steps": 0, "logging_steps": 1, "progress_bar": False}}
+    if generation != "transformers":  # the default is left out, so a code tree without the key runs it too
+        cfg["grpo"]["generation"] = generation
+    blocks: list = []
+    steps: dict = {}
+    record_trl_timings(blocks)
+    finetune.run(cfg, overwrite=True, callbacks=[step_clock(steps)])
+    per_step = []
+    for s in sorted(steps):
+        gen = sum(d for n, st, d in blocks if st == s and n in GENERATE)
+        prep = sum(d for n, st, d in blocks if st == s and n == PREPARE)
+        per_step.append({"step": s, "step_s": round(steps[s], 4), "generate_s": round(gen, 4),
+                         "prepare_inputs_s": round(prep, 4), "generate_share": round(gen / steps[s], 4)})
+    timed = [r for r in per_step if r["step"] > ENV["WARMUP"]]
+    total = sum(r["step_s"] for r in timed)
+    gen = sum(r["generate_s"] for r in timed)
+    prep = sum(r["prepare_inputs_s"] for r in timed)
+    row = {"shape": shape, "generation": generation, "device": _device_name(),
+           "settings": dict(ENV, lora_r=16, backend="hf", method="lora"),
+           "timed_steps": len(timed), "step_s_mean": round(total / len(timed), 3),
+           "generate_s_mean": round(gen / len(timed), 3), "generate_share": round(gen / total, 3),
+           "generation_and_scoring_share": round(prep / total, 3),
+           "generated_tokens_per_s": round(ENV["BATCH"] * ENV["COMPLETION"] * len(timed) / gen, 1) if gen else None,
+           "blocks_seen": sorted({n for n, _, _ in blocks}), "per_step": per_step,
+           "resolved": _resolved(run_dir),
+           "versions": _versions()}
+    if DEVICE == "cuda":
+        import torch
+
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
+
+
+def _resolved(run_dir: Path) -> dict | None:
+    """What finetune decided (gradient checkpointing, precision, ...): config.resolved.yaml's _resolved."""
+    import yaml
+
+    try:
+        return yaml.safe_load((run_dir / "config.resolved.yaml").read_text()).get("_resolved")
+    except (OSError, AttributeError):
+        return None
+
+
+def _device_name() -> str:
+    if DEVICE != "cuda":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for p in ("torch", "transformers", "trl", "peft", "accelerate", "vllm"):
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def main(argv: list[str]) -> int:
+    out, work = Path(argv[0]), Path(argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    if argv[2:3] == ["--one"]:
+        print("ROW " + json.dumps(one(out, work, argv[3], *argv[4:5])), flush=True)
+        return 0
+    opt = dict(zip(argv[2::2], argv[3::2]))
+    rows = []
+    for shape in opt.get("--shapes", "llama-1b,qwen3-0.6b").split(","):
+        for gen in opt.get("--generation", "transformers").split(","):
+            cp = subprocess.run([sys.executable, __file__, str(out), str(work), "--one", shape, gen],
+                                capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            (out / f"grpo-{shape}-{gen}.log").write_text(cp.stdout + cp.stderr)
+            row = next((json.loads(x[4:]) for x in cp.stdout.splitlines() if x.startswith("ROW ")),
+                       {"shape": shape, "generation": gen,
+                        "error": (cp.stderr.strip().splitlines() or ["?"])[-1]})
+            print(json.dumps({k: v for k, v in row.items() if k != "per_step"}), flush=True)
+            rows.append(row)
+            (out / "grpo-rows.json").write_text(json.dumps(rows, indent=2) + "\n")  # after each row: a cut run keeps its rows
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
