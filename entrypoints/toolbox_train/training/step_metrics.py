@@ -255,15 +255,16 @@ class DeferredStepMetrics:
         ids = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
         return 6 * ids.numel() * n if ids is not None else 0
 
-    def _head_owner(self, model):
+    def _head_owner(self, model, liger: bool = False):
         cached = self.__dict__.get("_trl_head")
         if cached is None or cached[0] is not model:  # found once, not a walk over the modules per step
             from ..planning.checks import log
 
             cached = self._trl_head = (model, trl_head_owner(model))
-            log("train.lm_head_tokens: all: " + ("TRL's fused LM head over every position, no mask gather"
-                if cached[1] is not None else "TRL 1.15's fused forward not found on the model, its head "
-                "runs as it is (a boolean-mask gather, a host sync)"))
+            head = "Liger's fused linear cross-entropy" if liger else "TRL's fused LM head"
+            log(f"train.lm_head_kernel: {'liger' if liger else 'trl'}; train.lm_head_tokens: all: " + (
+                f"{head} over every position, no mask gather" if cached[1] is not None else "TRL 1.15's fused "
+                "forward not found on the model, its head runs as it is (a boolean-mask gather, a host sync)"))
         return cached[1]
 
     def deferrable_loss(self, model, inputs, return_outputs) -> bool:
@@ -284,7 +285,7 @@ class DeferredStepMetrics:
         loss_only = self._loss_only()
         all_tokens = self.toolbox_plan.cfg.train.lm_head_tokens == "all"
         liger = loss_only and self._liger_head()
-        owner = self._head_owner(model) if all_tokens or liger else None
+        owner = self._head_owner(model, liger) if all_tokens or liger else None
         with (loss_only_head() if loss_only else contextlib.nullcontext(),
               sync_free_head(owner, liger) if owner is not None else contextlib.nullcontext()):
             if liger:  # the loss comes back summed and divided by the same count as below
