@@ -86,7 +86,9 @@ def build_sentencepiece(work: Path, out: Path) -> None:
     dl = work / "sp"
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
                     "--python-version", "3.12", "--implementation", "cp", "--abi", PY_TAG,
-                    "--platform", "manylinux2014_x86_64", f"sentencepiece=={_pin_sentencepiece()}", "-d", str(dl)],
+                    *[a for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+                                    "manylinux2014_x86_64") for a in ("--platform", tag)],
+                    f"sentencepiece=={_pin_sentencepiece()}", "-d", str(dl)],
                    check=True)
     site = work / "sp-site"
     shutil.rmtree(site, ignore_errors=True)
