@@ -6,7 +6,7 @@ From the pins the images and the host tests use, nothing else:
 - llama-tools.tgz: llama.cpp from the llama-cpp-python sdist on PyPI (version + sha256 pinned in
   tests/export/llamacpp_build.py; it vendors the llama.cpp commit the cuda stack pins), CPU backend,
   static, built for any x86_64 with AVX2 (GGML_NATIVE off: the device's CPU is not this one), only
-  llama-quantize and llama-perplexity, in the image's /opt/llama.cpp layout under tools/ (bin/,
+  llama-quantize, llama-perplexity and llama-completion, in the image's /opt/llama.cpp layout under tools/ (bin/,
   convert_hf_to_gguf.py, conversion/, gguf-py/, VERSION; not models/: 75 MB of test vocabularies);
 - sp-site.tgz: sentencepiece at the stacks' llama_cpp.sentencepiece pin, the cp312 manylinux wheel
   unpacked (the device's Python is 3.12; the converter imports it even for BPE tokenizers);
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "tests" / "export"))
 import llamacpp_build  # noqa: E402  (the pinned sdist, its extraction: one place)
 import vocab  # noqa: E402
 
-TARGETS = ("llama-quantize", "llama-perplexity")
+TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion")  # evaluate --backend llama checks all three
 PY_TAG = "cp312"  # the gpu-site's Python (3.12)
 
 
