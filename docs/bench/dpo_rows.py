@@ -98,7 +98,8 @@ def one(out: Path, shape: str, path: str, objective: str = "dpo") -> dict:
             from unsloth import FastLanguageModel
 
             model, tok = FastLanguageModel.from_pretrained(str(model_dir), max_seq_length=PROMPT + COMPLETION,
-                                                           load_in_16bit=True, dtype=torch.bfloat16)
+                                                           load_in_16bit=True, load_in_4bit=False,
+                                                           dtype=torch.bfloat16)  # 4-bit is its default
             model = FastLanguageModel.get_peft_model(model, r=R, lora_alpha=2 * R, target_modules=TARGETS)
             peft = None
         else:

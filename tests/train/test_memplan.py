@@ -284,3 +284,37 @@ def test_plan_for_the_target_machine_not_this_one(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg),
                           "--target", "h200"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--target: only with --plan" in bad.stderr and not (tmp_path / "out").exists()
+
+
+def test_preference_plan_within_15_percent_of_the_h200_rows():
+    """`finetune --plan`'s peak for the preference rows of docs/bench/dpo-call.sh (llama-1b, prompt 512 +
+    completion 512, batch 4, LoRA r16) against the peaks measured on an H200 on 2026-12-06
+    (docs/bench/2026-12-06-h200/pref/rows.json): DPO's and ORPO's on the HF backend above all (ORPO reads the
+    model's full logits, KTO's KL rows keep no activations), each backend's with the plan's own choice."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from toolbox_train.training.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("dpo_rows", root / "docs/bench/dpo_rows.py")
+    rows_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rows_mod)
+    data = json.loads((root / "docs/bench/2026-12-06-h200/pref/rows.json").read_text())
+    measured = {(r["objective"], r["path"]): r["peak_gib"] for r in data["rows"] if "peak_gib" in r}
+    assert {("dpo", "finetune"), ("orpo", "finetune"), ("kto", "finetune")} <= set(measured)
+    model = dict(bench.SHAPES["llama-1b"])
+    for (objective, path), gib in measured.items():
+        backend = "unsloth" if path == "finetune-unsloth" else "hf"
+        cfg, _ = load_config({
+            "model": {"path": "llama-1b"}, "objective": objective, "backend": backend,
+            "method": "qlora" if path == "finetune-qlora" else "lora",
+            "data": {"path": "pairs.jsonl", "max_seq_length": rows_mod.PROMPT + rows_mod.COMPLETION},
+            "lora": {"r": rows_mod.R, "alpha": 2 * rows_mod.R},
+            # TRL's DPOTrainer run directly: its DPOConfig turns checkpointing on
+            "train": {"per_device_batch_size": rows_mod.BATCH, "max_steps": 1,
+                      **({"gradient_checkpointing": True} if path == "trl" else {})},
+            "output": {"dir": "out"}})
+        tp = P.plan_training(cfg, model, backend, liger=False, device_bytes=139.8 * M.GiB, gpu=True)
+        assert abs(M.estimate(tp.shape, tp.setting).peak_gib / gib - 1) <= 0.15, (objective, path, tp.setting, gib)

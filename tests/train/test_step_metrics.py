@@ -160,3 +160,76 @@ def test_loss_step_metrics_compute_no_entropy_or_accuracy(tmp_path, monkeypatch)
     assert [m["loss"] for m in metrics] == pytest.approx([m["loss"] for m in d_metrics], rel=1e-6)
     assert [lg["num_tokens"] for lg in train] == [lg["num_tokens"] for lg in d_logs if "loss" in lg]
     assert summary["tokens"] == d_summary["tokens"]
+
+
+def test_liger_head_gives_trl_heads_loss(tmp_path, monkeypatch):
+    """issue 33: `train.lm_head_kernel: liger` computes SFT's training loss with Liger's fused linear
+    cross-entropy (no logits recompute in backward, as the bare loops' Liger head) instead of TRL's fused head:
+    the same per-step losses. Liger's kernel is Triton (GPU only): a torch stand-in with its signature runs
+    here, and the plan's Liger flag (a GPU's) is forced."""
+    import json
+
+    import torch
+    import trl.trainer.utils as trl_utils
+
+    from toolbox_train.training import finetune, step_metrics, trainer
+
+    flce_calls = []
+
+    def flce(x, w, target, bias=None, ignore_index=-100, reduction="mean", softcap=None):
+        flce_calls.append(x.shape)
+        z = (x @ w.T + (0 if bias is None else bias)).float()
+        if softcap:
+            z = softcap * torch.tanh(z / softcap)
+        return torch.nn.functional.cross_entropy(z, target, ignore_index=ignore_index, reduction=reduction)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", TorchChunkedLogProb)
+    monkeypatch.setattr(trainer, "fused_head_ok", lambda inputs: True)
+    monkeypatch.setattr(step_metrics, "LIGER_FLCE", [flce])
+    model = bench.build_model_dir("tiny-llama", tmp_path / "model")
+    data = bench.write_text_dataset(tmp_path / "data.jsonl", 16, 40, 500)
+    losses = {}
+    for kernel in ("trl", "liger"):
+        forced = kernel == "liger"
+        monkeypatch.setattr(step_metrics.DeferredStepMetrics, "_liger_head", lambda self, f=forced: f)
+        cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 48},
+               "method": "lora", "backend": "hf",
+               "train": {"max_steps": 4, "per_device_batch_size": 2, "gradient_checkpointing": False, "seed": 0},
+               "output": {"dir": str(tmp_path / kernel), "progress_bar": False, "logging_steps": 1}}
+        finetune.run(cfg, overwrite=True)
+        losses[kernel] = [m["loss"] for m in map(json.loads, (tmp_path / kernel / "metrics.jsonl").read_text()
+                                                 .splitlines()) if "loss" in m]
+    assert len(flce_calls) == 4 and len(losses["trl"]) == 4  # one Liger call a step, only in the liger run
+    assert losses["liger"] == pytest.approx(losses["trl"], rel=1e-4)
+
+
+def test_lm_head_kernel_resolves_and_refuses(tmp_path):
+    """auto: Liger's head where Liger is on and the head is frozen (LoRA/QLoRA); liger without Liger (here: no
+    GPU): one line naming the field, exit 2, nothing written."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    import yaml
+
+    from toolbox_train.training.config import load_config
+    from toolbox_train.training.step_metrics import DeferredStepMetrics
+
+    def resolved(method, liger, kernel="auto"):
+        cfg, _ = load_config({"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "method": method,
+                              "train": {"lm_head_kernel": kernel}, "output": {"dir": "o"}})
+        return DeferredStepMetrics._liger_head(SimpleNamespace(toolbox_plan=SimpleNamespace(cfg=cfg, liger=liger)))
+
+    assert resolved("lora", True) and resolved("qlora", True)
+    assert not resolved("full", True) and not resolved("lora", False) and not resolved("lora", True, "trl")
+    assert resolved("full", True, "liger")
+    model = bench.build_model_dir("tiny-llama", tmp_path / "model")
+    data = bench.write_text_dataset(tmp_path / "data.jsonl", 4, 10, 500)
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"path": str(model)}, "data": {"path": str(data), "format": "text"},
+                                   "method": "lora", "backend": "hf", "train": {"lm_head_kernel": "liger"},
+                                   "output": {"dir": str(tmp_path / "out")}}))
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "train.lm_head_kernel: liger" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()

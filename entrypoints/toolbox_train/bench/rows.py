@@ -125,7 +125,7 @@ def finetune_config(spec: dict, model_dir: str, data_path: str, output_dir: str)
         "seed": 0,
     }
     for opt, key in (("ckpt", "gradient_checkpointing"), ("liger", "liger"), ("optim", "optimizer"),
-                     ("lm_head_tokens", "lm_head_tokens")):
+                     ("lm_head_tokens", "lm_head_tokens"), ("lm_head_kernel", "lm_head_kernel")):
         if opt in opts:
             train[key] = opts[opt]
     cfg: dict[str, Any] = {

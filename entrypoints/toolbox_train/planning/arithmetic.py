@@ -37,6 +37,11 @@ CAL = {
     # input element; one configuration, llama-1b lora-8bit)
     "int8_extra_per_input": 1.5,
     "overhead_gib": 0.25,  # cuBLAS workspaces, allocator rounding, small buffers
+    # TRL 1.15's ORPOTrainer (trl.experimental) builds the model's bf16 logits for chosen + rejected in one
+    # forward, bytes per logit at the start of backward: the logits (2), selective_log_softmax's per-row
+    # bf16 log-probabilities (2), the chosen half's NLL log-softmax (1), the logits' bf16 gradient (2) and the
+    # chosen half's log-softmax gradient (1). llama-1b LoRA, H200, 2026-12-06: 26.6 GiB measured
+    "logits_bytes": 8.0,
 }
 TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK = 4096, 32768  # trl/kernels/chunked_logprob.py (TRL 1.15)
 LORA_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -186,7 +191,7 @@ class Setting:
     optimizer: str = "adamw_torch"
     lora_r: int = 16
     lora_targets: tuple[str, ...] | str = "all-linear"
-    head: str = "chunked"  # chunked (TRL/Liger/Unsloth) | full (HF model loss)
+    head: str = "chunked"  # chunked (TRL/Liger/Unsloth) | full (HF model loss) | logits (ORPO's bf16 logits)
     world_size: int = 1
     strategy: str = "single"  # single | ddp | fsdp
     unified_memory: bool = False  # APU: host offload takes the same memory
@@ -258,7 +263,8 @@ def layer_bytes(s: Shape, kernels: str, e: int = 2) -> float:
 def head_bytes(s: Shape, st: Setting, tokens: int, trainable_head: bool) -> float:
     """The LM head and loss at their worst (start of backward), bytes."""
     V, h = s.vocab, s.hidden
-    if st.head == "full":
+    if st.head == "logits":  # the loss reads the model's logits itself (TRL's ORPO): CAL["logits_bytes"]
+        return tokens * V * CAL["logits_bytes"] + tokens * h * 2  # + the hidden states' bf16 gradient
         # bf16 logits (kept by the output) + fp32 log-softmax + two fp32 gradients in backward
         return tokens * V * (2 + 4 + 4 + 4)
     if st.backend == "unsloth":

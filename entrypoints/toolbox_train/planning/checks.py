@@ -313,6 +313,10 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
             raise UserError("train.liger: only on backend hf (Unsloth has its own kernels)")
         if target is None and (not gpu or importlib.util.find_spec("liger_kernel") is None):
             raise UserError("train.liger: true needs the liger-kernel package and a GPU")
+    if cfg.train.lm_head_kernel == "liger" and not (liger and cfg.output.step_metrics == "loss"):
+        raise UserError("train.lm_head_kernel: liger needs train.liger on (backend hf, a GPU, objective sft) and "
+                        f"output.step_metrics: loss (Liger's head gives no entropy or accuracy); liger is {bool(liger)}, "
+                        f"step_metrics {cfg.output.step_metrics}")
     tracking.check(cfg.output)  # each tracker's package, before anything is written
     p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
              precision, bool(liger), sync=sync_mode)

@@ -230,14 +230,18 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
     objective = getattr(cfg, "objective", "sft")
-    # DPO/ORPO run chosen and rejected in one batch, KTO each row and a mismatched (KL) one
-    rows = 2 if objective in ("dpo", "orpo", "kto") else 1
+    # DPO/ORPO run chosen and rejected in one batch. KTO runs each row and a mismatched (KL) one, but
+    # TRL 1.15 scores the KL rows under no_grad (kto_trainer.py): only its own rows keep activations
+    rows = 2 if objective in ("dpo", "orpo") else 1
+    # TRL's DPO/KTO score tokens with its fused head (chunked, no logits); its ORPOTrainer reads the model's
+    # bf16 logits of both sequences (Unsloth's forward on its backend does not build them)
+    head = "full" if not gpu else "logits" if objective == "orpo" and backend != "unsloth" else "chunked"
     st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
                  batch=t.per_device_batch_size * rows, seq=cfg.data.max_seq_length,
                  reference_copy=objective != "sft" and reference(cfg) == "copy", precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
-                 head="chunked" if gpu else "full", unified_memory=unified, lora_params=lora_params)  # TRL's fused head is a GPU kernel; on CPU the model's loss
+                 head=head, unified_memory=unified, lora_params=lora_params)  # TRL's fused head is a GPU kernel; on CPU the model's loss
     batch_reason = ""
     if t.per_device_batch_size == "auto":
         per_dev = t.batch_size // world_size if t.batch_size else None

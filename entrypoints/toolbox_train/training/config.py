@@ -168,6 +168,12 @@ class TrainCfg(_Strict):
         "labelled positions (TRL's own boolean-mask gather: a host sync in the forward and one in the backward, "
         "less head work where many tokens are unlabelled, e.g. prompts under completion-only loss or padding)")
 
+    lm_head_kernel: Literal["auto", "trl", "liger"] = Field(
+        "auto", description="SFT's training loss with output.step_metrics loss on a GPU: trl: TRL's fused LM head "
+        "(its backward recomputes each logits tile); liger: Liger's fused linear cross-entropy (gradients in the "
+        "forward, no recompute; needs train.liger); auto: liger where Liger is on and the head is frozen (LoRA, "
+        "QLoRA: one head GEMM fewer a step), else trl")
+
     @field_validator("max_steps")
     @classmethod
     def _steps(cls, v: int) -> int:

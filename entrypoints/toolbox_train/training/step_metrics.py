@@ -116,22 +116,66 @@ def all_positions_forward(trl_forward, cfg: dict):
     return forward
 
 
+def liger_head_forward(trl_forward, cfg: dict):
+    """TRL's fused forward with the loss on Liger's fused linear cross-entropy (`train.lm_head_kernel: liger`):
+    every position through the head (no mask gather, as all_positions_forward), the gradients of the hidden
+    states computed in Liger's forward, so backward does not recompute the logits as TRL's kernel does (the
+    bare loops' Liger head). Returns FusedCausalLMOutput with the loss alone (log_probs None): no entropy or
+    top-1, so only with `output.step_metrics: loss`. Router losses, FSDP2's DTensor head, an fp32 head, a
+    temperature or logit scale take TRL's forward."""
+
+    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):
+        from torch.distributed.tensor import DTensor
+        from trl.trainer import utils
+
+        head = self.get_output_embeddings()
+        if (not fused_lm_head or getattr(cfg["text_config"], "output_router_logits", False)
+                or isinstance(head.weight, DTensor) or cfg["cast_lm_head_to_fp32"] or cfg["temperature"] != 1
+                or cfg["logit_scale"] != 1):
+            return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
+                               num_items_in_batch=num_items_in_batch, **kw)
+        kw["use_cache"] = False
+        hidden = getattr(self, cfg["backbone_attr"])(*args, **kw).last_hidden_state
+        if shift_labels is None:
+            hidden, labels = hidden[:, :-1], labels[:, 1:]
+        else:
+            labels = shift_labels
+        hidden, labels = hidden.to(head.weight.device), labels.to(head.weight.device)
+        mask = labels != -100
+        n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        total = LIGER_FLCE[0](hidden.reshape(-1, hidden.size(-1)), head.weight, labels.reshape(-1), bias=head.bias,
+                              ignore_index=-100, reduction="sum", softcap=cfg["final_logit_softcapping"])
+        return utils.FusedCausalLMOutput(loss=total / n, label_mask=mask)
+
+    return forward
+
+
+def _liger_flce(*args, **kw):
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return liger_fused_linear_cross_entropy(*args, **kw)
+
+
+LIGER_FLCE = [_liger_flce]  # Liger's function, looked up at the call (a list: one place a CPU test swaps it)
+
+
 def trl_head_owner(model):
     """The module of `model` that carries TRL's fused forward (under PEFT and DDP wrappers), or None."""
     return next((m for m in model.modules() if trl_head_settings(m) is not None), None)
 
 
 @contextlib.contextmanager
-def sync_free_head(owner):
-    """While inside, `owner` (trl_head_owner's) runs all_positions_forward; None: nothing changed (not TRL
-    1.15's forward: another TRL, or a backend's own head)."""
+def sync_free_head(owner, liger: bool = False):
+    """While inside, `owner` (trl_head_owner's) runs all_positions_forward (liger: liger_head_forward); None:
+    nothing changed (not TRL 1.15's forward: another TRL, or a backend's own head)."""
     import types
 
     if owner is None:
         yield
         return
     trl_forward = owner.__dict__["forward"]
-    owner.forward = types.MethodType(all_positions_forward(trl_forward, trl_head_settings(owner)), owner)
+    make = liger_head_forward if liger else all_positions_forward
+    owner.forward = types.MethodType(make(trl_forward, trl_head_settings(owner)), owner)
     try:
         yield
     finally:
@@ -146,6 +190,12 @@ class DeferredStepMetrics:
 
     def _loss_only(self) -> bool:
         return self.toolbox_plan.cfg.output.step_metrics == "loss"
+
+    def _liger_head(self) -> bool:
+        """train.lm_head_kernel resolved: Liger's fused cross-entropy for the loss (see its description)."""
+        p = self.toolbox_plan
+        k = p.cfg.train.lm_head_kernel
+        return k == "liger" or k == "auto" and bool(p.liger) and p.cfg.method in ("lora", "qlora")
 
     def _pend(self, **sums) -> None:
         pend = self.__dict__.setdefault("_pending_sums", {})
@@ -205,15 +255,16 @@ class DeferredStepMetrics:
         ids = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
         return 6 * ids.numel() * n if ids is not None else 0
 
-    def _head_owner(self, model):
+    def _head_owner(self, model, liger: bool = False):
         cached = self.__dict__.get("_trl_head")
         if cached is None or cached[0] is not model:  # found once, not a walk over the modules per step
             from ..planning.checks import log
 
             cached = self._trl_head = (model, trl_head_owner(model))
-            log("train.lm_head_tokens: all: " + ("TRL's fused LM head over every position, no mask gather"
-                if cached[1] is not None else "TRL 1.15's fused forward not found on the model, its head "
-                "runs as it is (a boolean-mask gather, a host sync)"))
+            head = "Liger's fused linear cross-entropy" if liger else "TRL's fused LM head"
+            log(f"train.lm_head_kernel: {'liger' if liger else 'trl'}; train.lm_head_tokens: all: " + (
+                f"{head} over every position, no mask gather" if cached[1] is not None else "TRL 1.15's fused "
+                "forward not found on the model, its head runs as it is (a boolean-mask gather, a host sync)"))
         return cached[1]
 
     def deferrable_loss(self, model, inputs, return_outputs) -> bool:
@@ -233,11 +284,19 @@ class DeferredStepMetrics:
         inputs["use_cache"] = False
         loss_only = self._loss_only()
         all_tokens = self.toolbox_plan.cfg.train.lm_head_tokens == "all"
+        liger = loss_only and self._liger_head()
+        owner = self._head_owner(model, liger) if all_tokens or liger else None
         with (loss_only_head() if loss_only else contextlib.nullcontext(),
-              sync_free_head(self._head_owner(model)) if all_tokens else contextlib.nullcontext()):
-            out = model(**inputs, fused_lm_head=True)
+              sync_free_head(owner, liger) if owner is not None else contextlib.nullcontext()):
+            if liger:  # the loss comes back summed and divided by the same count as below
+                out = model(**inputs, fused_lm_head=True, num_items_in_batch=num_items_in_batch)
+            else:
+                out = model(**inputs, fused_lm_head=True)
         n = out.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
-        loss = (-out.log_probs).sum() / torch.as_tensor(n).clamp(min=1)
+        if out.log_probs is None:  # liger_head_forward's
+            loss = out.loss
+        else:
+            loss = (-out.log_probs).sum() / torch.as_tensor(n).clamp(min=1)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
         batch_tokens = (inputs["attention_mask"].sum() if "attention_mask" in inputs

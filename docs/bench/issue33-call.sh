@@ -1,0 +1,52 @@
+#!/bin/bash
+# issue 33's device calls, on one H200 (each under the 600 s limit):
+#   bash .gpu/src/docs/bench/issue33-call.sh rows     # call 1: GPT-OSS HF at par? + the preference peaks
+#   bash .gpu/src/docs/bench/issue33-call.sh export   # call 2: the GGUF export record (export-call.sh)
+# rows) 1. gpt-oss-20b-4l (seq 1024 x batch 8) HF LoRA, three interleaved repeats of: bare + Liger (the
+#          reference), finetune's defaults (train.lm_head_kernel auto: Liger's fused cross-entropy for the loss,
+#          as the bare loop), finetune with TRL's fused head (lm_head_kernel=trl: what 2026-12-06's 0.934x ran);
+#          medians, each finetune row's ratio to the bare row (issue26_rows.py);
+#       2. the preference rows whose peaks the memory plan is checked against (dpo_rows.py, llama-1b, prompt
+#          512 + completion 512, batch 4): DPO and ORPO finetune hf, and TRL's DPOTrainer under Unsloth (fixed:
+#          load_in_4bit=False with load_in_16bit).
+# export) docs/bench/export-call.sh as it is, with the tarballs of docs/bench/build_llama_tools.py in .gpu/llama.
+# Needs in the checkout's .gpu/ (carry .gpu): site.tgz (the cuda stack's site-packages), src/ (git archive HEAD
+# entrypoints docs/bench), llama/ (export only). CPU dry run of `rows`: DRY=1 (tiny shapes, no Liger/Unsloth rows).
+PART=${1:-rows}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false UNSLOTH_DISABLE_AUTO_PADDING_FREE=1
+R=$PWD; S=${S:-$R/.gpu/src}
+if [ -z "${DRY:-}" ]; then
+  mkdir -p /tmp/site; tar -C /tmp/site -xzf $R/.gpu/site.tgz
+  export PYTHONPATH=$S/entrypoints:/tmp/site
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+fi
+date -u; OUT=${OUT:-/tmp/issue33-out}; mkdir -p $OUT
+if [ "$PART" = export ]; then
+  cd $S && mkdir -p .gpu && ln -sfn $R/.gpu/site.tgz .gpu/site.tgz && ln -sfn $R/.gpu/llama .gpu/llama \
+    && ln -sfn $S/entrypoints .gpu/ep
+  OUT=$OUT bash docs/bench/export-call.sh
+  exit $?
+fi
+G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora,gpt-oss-20b-4l/finetune-hf-lora+lm_head_kernel=trl'
+PY=python3; DEV=cuda
+if [ -n "${DRY:-}" ]; then
+  G='1*tiny-gpt-oss/bare-hf-lora,tiny-gpt-oss/finetune-hf-lora,tiny-gpt-oss/finetune-hf-lora+lm_head_kernel=trl'
+  PY=${PY_DRY:-python3}; DEV=cpu; export DEVICE=cpu SEQ=64 BATCH=2 WARMUP=1 STEPS=2
+else
+  export SEQ=1024 BATCH=8
+fi
+mkdir -p $OUT/gptoss; cd /tmp
+timeout ${LIMIT_GPTOSS:-330} $PY $S/docs/bench/issue26_rows.py $OUT/gptoss 120 "$G" > $OUT/gptoss/log.txt 2>&1
+echo "gpt-oss rc $?"
+[ -f $OUT/gptoss/summary.json ] || $PY $S/docs/bench/issue26_rows.py --summary $OUT/gptoss "$G"
+grep -E "^bench: |RATIO|median" $OUT/gptoss/log.txt | grep -v "^bench: ---"
+grep -rh "lm_head_kernel\|lm_head_tokens: all" $OUT/gptoss/ 2>/dev/null | cut -c1-160 | sort | uniq -c | head -5
+[ -n "${DRY:-}" ] && { date -u; exit 0; }  # the preference rows are GPU-only (dpo_rows.py times CUDA)
+unset SEQ BATCH
+for spec in dpo:finetune,trl-unsloth orpo:finetune; do
+  left=$(( ${LIMIT_ALL:-560} - SECONDS )); [ $left -gt 40 ] || break
+  timeout $left python3 $S/docs/bench/dpo_rows.py $OUT/pref --shapes llama-1b --paths ${spec#*:} --objective ${spec%%:*}
+done
+grep -h "trainer class" $OUT/pref/*.log 2>/dev/null; tail -3 $OUT/pref/*trl-unsloth*.log 2>/dev/null | cut -c1-300
+rm -rf $OUT/pref/model-* $OUT/pref/run-* $OUT/pref/trl-* $OUT/pref/*.jsonl
+date -u
