@@ -74,6 +74,21 @@ def test_schema_errors_are_one_line_and_a_set_value_is_blamed_on_set(tmp_path, t
     assert code == 2 and "error: --set: train.learning_rate: not a finite number" in err, err
 
 
+@pytest.mark.parametrize("item, expect", [
+    ("nosuch.key=1", "--set: nosuch: unknown key (from --set nosuch.key=1)"),  # the section --set made up
+    ("train.nosuch=1", "--set: train.nosuch: unknown key (from --set train.nosuch=1)"),
+    ("train.max_steps=abc", "--set: train.max_steps: Input should be a valid integer"),
+    ("train.optimizer=nope", "--set train.optimizer=nope: train.optimizer: 'nope' is not one of"),  # a later check
+])
+def test_a_set_error_names_the_set_item_not_the_config_file(tmp_path, tiny_model, data, capsys, item, expect):
+    out = tmp_path / "out"
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out)
+    code, err = _main(["--config", str(cfg), "--set", "train.seed=1", "--set", item], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert expect in err and f"--set {item}" in err and str(cfg) not in err, err
+    assert not out.exists()
+
+
 def test_an_eval_split_leaving_no_training_rows_is_refused(tmp_path, tiny_model, data, capsys):
     out = tmp_path / "out"
     cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out, **{"data.eval_split": 0.99})
