@@ -7,6 +7,7 @@ traceback only with --debug or TOOLBOX_DEBUG=1. The same contract as the host's 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -42,6 +43,23 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first line of an exception's message (libraries' messages run to many lines), or its type."""
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
+# A failed write or read the machine caused (not the input, not a bug): a full disk, a quota, a
+# file system that went read-only or failed.
+MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
+def machine_fault(exc: BaseException) -> str | None:
+    """'PATH: No space left on device' for an OSError of MACHINE_ERRNOS, or 'disk full: ...' for a
+    library's error that says so in its text (safetensors: "os error 28"); else None."""
+    if isinstance(exc, OSError) and exc.errno in MACHINE_ERRNOS:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or os.strerror(exc.errno)}"
+    from .files import disk_full
+
+    full = disk_full(exc)
+    return f"disk full ({full}): {type(exc).__name__}: {first_line(exc)}" if full else None
 
 
 DEBUG_HELP = "show the traceback of an error (or TOOLBOX_DEBUG=1)"
@@ -110,9 +128,12 @@ def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted
             _quiet_stdout()
         raise
     except Exception as exc:  # noqa: BLE001 (the entry point's last line of defence)
+        fault = machine_fault(exc)
         if debug:
             traceback.print_exc()
-        else:
+        if fault:  # the machine's, not a bug: one line and exit 1 (the traceback only with debug)
+            print(f"{prog}: error: {fault}", file=sys.stderr)
+        elif not debug:
             what = f"{type(exc).__name__}: {first_line(exc, 500)}" if str(exc).strip() else type(exc).__name__
             print(f"{prog}: internal error: {what} "
                   "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)", file=sys.stderr)

@@ -34,3 +34,8 @@ def tmpfs(folder: Path, size: str = "1m") -> Iterator[Path]:
 
 def read_only(folder: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+
+
+def resize(folder: Path, size: str) -> None:
+    """Grow (or shrink) the tmpfs on `folder`, its files kept: the disk freed up."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True)
