@@ -96,6 +96,12 @@ def _quiet_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def internal_error_line(prog: str, exc: BaseException) -> str:
+    """The line of an exception no check foresaw: a bug (tests/fuzz fails on any)."""
+    what = f"{type(exc).__name__}: {first_line(exc, 500)}" if str(exc).strip() else type(exc).__name__
+    return f"{prog}: internal error: {what} (run with --debug or TOOLBOX_DEBUG=1 for the traceback)"
+
+
 def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted: str = "interrupted") -> int:
     """Run `body` (argument parsing included); turn what escapes it into one line and an exit code:
     UserError 2, ToolError 1, KeyboardInterrupt 130, SIGTERM 143, anything else 1 (the traceback only
@@ -134,9 +140,7 @@ def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted
         if fault:  # the machine's, not a bug: one line and exit 1 (the traceback only with debug)
             print(f"{prog}: error: {fault}", file=sys.stderr)
         elif not debug:
-            what = f"{type(exc).__name__}: {first_line(exc, 500)}" if str(exc).strip() else type(exc).__name__
-            print(f"{prog}: internal error: {what} "
-                  "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)", file=sys.stderr)
+            print(internal_error_line(prog, exc), file=sys.stderr)
         return 1
     finally:
         if old is not None:
