@@ -167,8 +167,8 @@ def _run_logged(argv: list[str], what: str, log: Path | None, env: dict | None) 
 
 def run_tool(argv: list[str], what: str, capture: bool = False, env: dict | None = None,
              log: Path | None = None, writes: Path | None = None) -> tuple[str, str]:
-    """Run a llama.cpp program. Its output goes to the log file `log` (a temp file when None), or
-    (capture) comes back as (stdout, stderr) and is logged too. A failure is one line naming the
+    """Run a llama.cpp program. Its output goes to the log file `log` (a temp file when None, kept
+    only when the tool fails), or (capture) comes back as (stdout, stderr) and is logged too. A failure is one line naming the
     log, and the cause where it is known: a full disk at `writes` (the folder the tool writes in)."""
     argv = [str(a) for a in argv]
     out = err = ""
@@ -190,6 +190,8 @@ def run_tool(argv: list[str], what: str, capture: bool = False, env: dict | None
             raise ToolError(f"{what}: disk full at {writes} ({full}); its output: {where}")
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         raise ToolError(f"{where}: {what} failed (exit {code}){': ' + lines[-1][:200] if lines else ''}")
+    if where != log:  # a temp-folder log is for a failure only
+        where.unlink(missing_ok=True)
     return out or "", err or ""
 
 
