@@ -7,6 +7,7 @@ traceback only with --debug or TOOLBOX_DEBUG=1. The same contract as the host's 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -44,6 +45,23 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
 
 
+# A failed write or read the machine caused (not the input, not a bug): a full disk, a quota, a
+# file system that went read-only or failed.
+MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
+def machine_fault(exc: BaseException) -> str | None:
+    """'PATH: No space left on device' for an OSError of MACHINE_ERRNOS, or 'disk full: ...' for a
+    library's error that says so in its text (safetensors: "os error 28"); else None."""
+    if isinstance(exc, OSError) and exc.errno in MACHINE_ERRNOS:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or os.strerror(exc.errno)}"
+    from .files import disk_full
+
+    full = disk_full(exc)
+    return f"disk full ({full}): {type(exc).__name__}: {first_line(exc)}" if full else None
+
+
 DEBUG_HELP = "show the traceback of an error (or TOOLBOX_DEBUG=1)"
 
 
@@ -78,6 +96,12 @@ def _quiet_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def internal_error_line(prog: str, exc: BaseException) -> str:
+    """The line of an exception no check foresaw: a bug (tests/fuzz fails on any)."""
+    what = f"{type(exc).__name__}: {first_line(exc, 500)}" if str(exc).strip() else type(exc).__name__
+    return f"{prog}: internal error: {what} (run with --debug or TOOLBOX_DEBUG=1 for the traceback)"
+
+
 def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted: str = "interrupted") -> int:
     """Run `body` (argument parsing included); turn what escapes it into one line and an exit code:
     UserError 2, ToolError 1, KeyboardInterrupt 130, SIGTERM 143, anything else 1 (the traceback only
@@ -110,12 +134,13 @@ def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted
             _quiet_stdout()
         raise
     except Exception as exc:  # noqa: BLE001 (the entry point's last line of defence)
+        fault = machine_fault(exc)
         if debug:
             traceback.print_exc()
-        else:
-            what = f"{type(exc).__name__}: {first_line(exc, 500)}" if str(exc).strip() else type(exc).__name__
-            print(f"{prog}: internal error: {what} "
-                  "(run with --debug or TOOLBOX_DEBUG=1 for the traceback)", file=sys.stderr)
+        if fault:  # the machine's, not a bug: one line and exit 1 (the traceback only with debug)
+            print(f"{prog}: error: {fault}", file=sys.stderr)
+        elif not debug:
+            print(internal_error_line(prog, exc), file=sys.stderr)
         return 1
     finally:
         if old is not None:

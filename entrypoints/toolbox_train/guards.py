@@ -72,3 +72,28 @@ def regular_file(text: str | Path, what: str) -> Path:
     if not path.is_file():
         raise UserError(f"{what} {path}: no such file")
     return path
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why nothing can be made in `folder` (a read-only file system, no permission), or None.
+    access(2) answers for the caller as it is: root passes mode bits, never a read-only mount."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return None
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"{folder} is on a read-only file system"
+    except OSError:
+        pass
+    return f"{folder} is not writable (permission denied)"
+
+
+def cannot_make(folder: Path) -> str | None:
+    """Why the folder `folder` (not there yet) could not be made, or None: the nearest existing
+    path above it is a file, or a folder nothing can be made in."""
+    above = folder.parent
+    while not above.exists() and not above.is_symlink() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"{above} is {'a file' if above.exists() else 'a link to nothing'}, not a folder"
+    why = unwritable(above)
+    return f"cannot be made: {why}" if why else None

@@ -28,12 +28,18 @@ def llama_tools() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vocab_tokenizer(llama_tools):
+def llama_source() -> Path:
+    """llama.cpp's source tree, nothing built: the converter and the vendored vocabularies."""
+    return llamacpp_build.ensure_source()
+
+
+@pytest.fixture(scope="session")
+def vocab_tokenizer(llama_source):
     """`vocab_tokenizer("llama-bpe")` -> folder of an HF tokenizer checked against llama.cpp's ids."""
     def get(name: str) -> Path:
         dest = llamacpp_build.ROOT / "tokenizers" / name
         if not (dest / "tokenizer.json").is_file():
-            src = llama_tools / "models" / f"ggml-vocab-{name}.gguf"
+            src = llama_source / "models" / f"ggml-vocab-{name}.gguf"
             tmp = dest.with_name(dest.name + ".partial")
             shutil.rmtree(tmp, ignore_errors=True)
             vocab.make_tokenizer(src, tmp)

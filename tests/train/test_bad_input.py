@@ -150,3 +150,36 @@ def test_unknown_optimizer_or_scheduler(setup, capsys):
     _check(capsys, ["--config", str(cfg)], "train.optimizer: 'adamw_turbo' is not one of adamw_torch", out)
     cfg = write_train_config(tmp / "t.yaml", model, data, out, **{"train.lr_scheduler": "zigzag"})
     _check(capsys, ["--config", str(cfg)], "train.lr_scheduler: 'zigzag' is not one of linear, cosine", out)
+
+
+def test_output_dir_that_cannot_be_written_is_refused_before_the_model_loads(setup, capsys, monkeypatch):
+    from helpers.mounts import read_only, tmpfs
+
+    from toolbox_train.training import models
+
+    tmp, model, data, out = setup
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(models, "load", no_load)
+    afile = tmp / "afile"
+    afile.write_text("a file\n")
+    cfg = write_train_config(tmp / "t.yaml", model, data, afile / "out")
+    _check(capsys, ["--config", str(cfg)], f"output.dir: {afile / 'out'}: {afile} is a file, not a folder", afile)
+    assert afile.read_text() == "a file\n"
+    with tmpfs(tmp / "ro") as ro:
+        (ro / "old").mkdir()
+        (ro / "old" / "notes.txt").write_text("an earlier run\n")
+        read_only(ro)
+        cfg = write_train_config(tmp / "t.yaml", model, data, ro / "new" / "out")
+        _check(capsys, ["--config", str(cfg)],
+               f"output.dir: {ro / 'new' / 'out'}: cannot be made: {ro} is on a read-only file system", ro)
+        cfg = write_train_config(tmp / "t.yaml", model, data, ro / "old")
+        for flag in ("--overwrite", "--resume"):
+            _check(capsys, ["--config", str(cfg), flag], f"output.dir: {ro / 'old'}: {ro / 'old'} is on a read-only "
+                   "file system", ro)
+        r = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg), "--overwrite"],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "read-only file system" in r.stderr, r.stderr

@@ -176,3 +176,26 @@ def test_launch_refuses_bad_data_before_any_rank_or_file(setup, capsys):
     err = capsys.readouterr().err
     assert f"{bad}:2: no 'text' field" in err and "Traceback" not in err, err
     assert not out.exists()  # not even launch/ (the accelerate config is written after every check)
+
+
+@pytest.mark.parametrize("name, content", [("state.json", b'{"_data_files": [{"filename"'),
+                                           ("dataset_info.json", b"\xff\xfe not json"),
+                                           ("state.json", b"[1, 2]"),
+                                           ("train/state.json", b"{oops"),  # a DatasetDict's split
+                                           ("data-00000-of-00001.arrow", b"ARROW1\x00\x00")])
+def test_a_saved_dataset_with_a_corrupt_file_is_named(setup, capsys, name, content):
+    import datasets
+
+    tmp, model, data, out = setup
+    ds = datasets.Dataset.from_list([{"text": f"the cat sees {i}."} for i in range(8)])
+    saved = tmp / "saved"
+    if name.startswith("train/"):
+        datasets.DatasetDict({"train": ds}).save_to_disk(str(saved))
+    else:
+        ds.save_to_disk(str(saved))
+    (saved / name).write_bytes(content)
+    cfg = write_train_config(tmp / "t.yaml", model, saved, out)
+    capsys.readouterr()  # save_to_disk's progress bar
+    err = _refused(capsys, cfg, [f"data.path: {saved}: not a readable saved dataset"], out)
+    assert err.count("\n") == 1 and (name.endswith(".arrow") or str(saved / name) in err), err
+    assert not out.exists()

@@ -115,3 +115,23 @@ def test_export_and_evaluate_return_through_the_same_guard(monkeypatch, capsys, 
     monkeypatch.setattr(module, "run", interrupt)
     assert module.main(["--run", "r"]) == 130
     assert capsys.readouterr().err.startswith(f"{prog}: interrupted")
+
+
+@pytest.mark.parametrize("exc, expect", [
+    (OSError(28, "No space left on device", "/runs/a/metrics.jsonl"), "/runs/a/metrics.jsonl: No space left on device"),
+    (OSError(30, "Read-only file system", "/runs/a"), "/runs/a: Read-only file system"),
+    (RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)\nmore"),
+     "disk full (No space left on device): RuntimeError: Error while serializing: I/O error: No space left"),
+])
+def test_a_fault_of_the_machine_is_one_line_and_exit_1_not_an_internal_error(monkeypatch, capsys, exc, expect):
+    def fail(*a, **kw):
+        raise exc
+
+    monkeypatch.setattr(finetune, "run", fail)
+    monkeypatch.delenv("TOOLBOX_DEBUG", raising=False)
+    assert finetune.main(["--config", "x.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"finetune: error: {expect}") and err.count("\n") == 1, err
+    assert finetune.main(["--config", "x.yaml", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith(f"finetune: error: {expect}"), err

@@ -74,6 +74,21 @@ def test_schema_errors_are_one_line_and_a_set_value_is_blamed_on_set(tmp_path, t
     assert code == 2 and "error: --set: train.learning_rate: not a finite number" in err, err
 
 
+@pytest.mark.parametrize("item, expect", [
+    ("nosuch.key=1", "--set: nosuch: unknown key (from --set nosuch.key=1)"),  # the section --set made up
+    ("train.nosuch=1", "--set: train.nosuch: unknown key (from --set train.nosuch=1)"),
+    ("train.max_steps=abc", "--set: train.max_steps: Input should be a valid integer"),
+    ("train.optimizer=nope", "--set train.optimizer=nope: train.optimizer: 'nope' is not one of"),  # a later check
+])
+def test_a_set_error_names_the_set_item_not_the_config_file(tmp_path, tiny_model, data, capsys, item, expect):
+    out = tmp_path / "out"
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out)
+    code, err = _main(["--config", str(cfg), "--set", "train.seed=1", "--set", item], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert expect in err and f"--set {item}" in err and str(cfg) not in err, err
+    assert not out.exists()
+
+
 def test_an_eval_split_leaving_no_training_rows_is_refused(tmp_path, tiny_model, data, capsys):
     out = tmp_path / "out"
     cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out, **{"data.eval_split": 0.99})
@@ -221,3 +236,32 @@ def test_launch_passes_sigterm_on_to_the_ranks_and_the_run_resumes(tmp_path, tin
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 7))
+
+
+# ---------------------------------------------------------------- a full disk
+
+@pytest.mark.parametrize("size", ["700k", "870k"])  # model.safetensors (safetensors) / optimizer.pt (torch.save) fails
+def test_a_full_disk_while_saving_a_checkpoint_keeps_the_previous_one(tmp_path, tiny_model, capsys, size):
+    from helpers.mounts import resize, tmpfs
+
+    data = write_dataset(tmp_path / "r.jsonl", "text", n=24)
+    # A full fine-tune's checkpoint of the tiny model is ~550 KiB: the first fits, the second does not.
+    with tmpfs(tmp_path / "disk", size) as disk:
+        out = disk / "out"
+        cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out,
+                                 **{"train.max_steps": 4, "output.save_steps": 2, "output.keep_checkpoints": 1})
+        code, err = _main(["--config", str(cfg)], capsys)
+        assert code == 1, err
+        last = err.strip().splitlines()[-1]
+        cpd = out / "checkpoints"
+        assert last.startswith(f"finetune: error: disk full at {cpd} while saving checkpoint-4 (No space left"), err
+        assert f"{cpd / 'checkpoint-2'} is the newest whole checkpoint" in last and "internal error" not in err
+        assert not list(cpd.glob(".partial*")), list(cpd.iterdir())  # the partial copy is gone
+        assert [p.name for p in checkpoints.listed(cpd)] == ["checkpoint-2"]
+        assert checkpoints.problem(cpd / "checkpoint-2") is None
+        resize(disk, "8m")  # space freed: the run resumes from the whole checkpoint to its end
+        code, err = _main(["--config", str(cfg), "--resume"], capsys)
+        assert code == 0, err
+        assert f"resuming from {cpd / 'checkpoint-2'}" in err
+        steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1, 2, 3, 4]

@@ -103,7 +103,7 @@ def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        say(f"converting the base model {base} to GGUF {conv}")
+        say(f"converting the base model {base} to GGUF {conv} (its output: {tools.log(f'convert-{conv}')})")
         llamacpp.convert(tools, Path(base), tmp / f"model-{conv}.gguf", conv)
         if quant != conv:
             llamacpp.quantize(tools, tmp / f"model-{conv}.gguf", tmp / f"model-{quant}.gguf", quant)
@@ -188,6 +188,7 @@ def check(args):
             raise UserError("--quant: one type for evaluate")
         args.quant = quant[0]
         tools = llamacpp.find_tools(args.llama_cpp, need=("llama-quantize", "llama-perplexity", "llama-completion"))
+        tools.logs = rm.run / llamacpp.LOGS  # the tools' own output: named by a failure's line, never on our stderr
         have = rm.run / "export" / "gguf" / f"model-{args.quant}.gguf"
         if have.exists():  # export-model's file, used as it is: checked before any conversion
             _gguf(have, f"re-export it: export-model --run {rm.run} --to gguf --quant {args.quant} --overwrite")

@@ -8,16 +8,20 @@ elsewhere (the host tests build the same layout into a cache folder).
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..cli import ToolError, UserError
+from ..files import disk_full
 
 DEFAULT_DIR = "/opt/llama.cpp"
+LOGS = "logs"  # RUN/logs/<step>.log: each tool's stdout and stderr (convert-f16.log, quantize-q8_0.log, ...)
 
 # Types llama-quantize takes without an importance matrix (tools/quantize/quantize.cpp at the
 # pinned commit); f16/bf16/f32 are what the converter writes itself. Bytes per weight are what
@@ -43,6 +47,10 @@ def parse_quants(spec: str) -> list[str]:
 @dataclass
 class Tools:
     root: Path
+    logs: Path | None = None  # where each tool's output goes (RUN/logs); None: the temp folder
+
+    def log(self, name: str) -> Path | None:
+        return self.logs / f"{name}.log" if self.logs else None
 
     @property
     def converter(self) -> Path:
@@ -71,43 +79,142 @@ def find_tools(flag: str | None, need=("llama-quantize",)) -> Tools:
     return tools
 
 
-def _stderr_fd():
-    try:
-        sys.stderr.flush()
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (captured)
-        return None
+def _open_log(log: Path | None, name: str):
+    """The log file of a tool's output (its folder made), or where that cannot be written (no run
+    folder, a read-only or full one) a new file in the temp folder."""
+    if log is not None:
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            return open(log, "w", encoding="utf-8", errors="replace"), log
+        except OSError:
+            pass
+    fd, tmp = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+    return os.fdopen(fd, "w", encoding="utf-8", errors="replace"), Path(tmp)
 
 
-def run_tool(argv: list[str], what: str, capture: bool = False, env: dict | None = None) -> tuple[str, str]:
-    """Run a llama.cpp program: its own progress goes to our stderr, or (capture) comes back as
-    (stdout, stderr)."""
-    fd = None if capture else _stderr_fd()
-    pipe = subprocess.PIPE if fd is None else fd
+def _close(f) -> bool:
     try:
-        cp = subprocess.run([str(a) for a in argv], stdout=pipe, stderr=pipe, text=True, env=env,
-                            errors="replace")
+        f.close()  # flushes: may meet the full disk too
+        return True
+    except OSError:
+        return False
+
+
+def _drop(log: Path) -> None:
+    """A log cut short by a full disk goes, and its folder if that is left empty."""
+    for remove in (log.unlink, log.parent.rmdir):
+        try:
+            remove()
+        except OSError:
+            pass
+
+
+def _write_log(log: Path | None, name: str, text: str) -> Path:
+    """`text` into the log; where that fails (a full or read-only run folder), its last 64 KiB into a
+    temp-folder log, and no half a log left."""
+    f, where = _open_log(log, name)
+    try:
+        f.write(text)
+        wrote = True
+    except OSError:
+        wrote = False
+    if _close(f) and wrote:
+        return where
+    _drop(where)
+    f, where = _open_log(None, name)
+    f.write(text[-65536:])
+    f.close()
+    return where
+
+
+def _start(argv: list[str], what: str, **kw) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(argv, text=True, errors="replace", **kw)
     except OSError as exc:
         raise ToolError(f"{what}: cannot start {argv[0]}: {exc}") from None
-    if not capture and fd is None:
-        sys.stderr.write((cp.stdout or "") + (cp.stderr or ""))
-    if cp.returncode != 0:
-        # One line: the tool's own output went to stderr above (or is its last line, captured).
-        lines = [ln.strip() for ln in ((cp.stdout or "") + (cp.stderr or "")).splitlines() if ln.strip()]
-        raise ToolError(f"{what} failed (exit {cp.returncode}){': ' + lines[-1][:200] if lines else ''}")
-    return cp.stdout or "", cp.stderr or ""
+
+
+def _run_logged(argv: list[str], what: str, log: Path | None, env: dict | None) -> tuple[int, str, Path]:
+    """Run argv, its stdout and stderr written to the log as they come (`tail -f` shows the
+    progress); returns (exit code, the output's last lines, the log)."""
+    name = log.stem if log else Path(argv[0]).name
+    f, where = _open_log(log, name)
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    lost = False
+    proc = _start(argv, what, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        for line in proc.stdout:
+            tail.append(line)
+            if not lost:
+                try:
+                    f.write(line)
+                    f.flush()
+                except OSError:
+                    lost = True
+        code = proc.wait()
+    except BaseException:  # SIGTERM, Ctrl-C: the tool goes too
+        proc.kill()
+        proc.wait()
+        _close(f)
+        raise
+    finally:
+        proc.stdout.close()
+    if not _close(f) or lost:  # the log met a full disk: its last lines, whole, in the temp folder
+        _drop(where)
+        where = _write_log(None, name, "".join(tail))
+    return code, "".join(tail), where
+
+
+def run_tool(argv: list[str], what: str, capture: bool = False, env: dict | None = None,
+             log: Path | None = None, writes: Path | None = None) -> tuple[str, str]:
+    """Run a llama.cpp program. Its output goes to the log file `log` (a temp file when None, kept
+    only when the tool fails), or (capture) comes back as (stdout, stderr) and is logged too. A failure is one line naming the
+    log, and the cause where it is known: a full disk at `writes` (the folder the tool writes in)."""
+    argv = [str(a) for a in argv]
+    out = err = ""
+    if capture:
+        proc = _start(argv, what, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        try:
+            out, err = proc.communicate()
+        except BaseException:  # SIGTERM, Ctrl-C: the tool goes too
+            proc.kill()
+            proc.wait()
+            raise
+        code, text = proc.returncode, (out or "") + (err or "")
+        where = _write_log(log, log.stem if log else Path(argv[0]).name, text)
+    else:
+        code, text, where = _run_logged(argv, what, log, env)
+    if code != 0:
+        full = disk_full(ToolError(text[-65536:]), writes)
+        if full:
+            raise ToolError(f"{what}: disk full at {writes} ({full}); its output: {where}")
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        raise ToolError(f"{where}: {what} failed (exit {code}){': ' + lines[-1][:200] if lines else ''}")
+    if where != log:  # a temp-folder log is for a failure only
+        where.unlink(missing_ok=True)
+    return out or "", err or ""
+
+
+def _shown(folder: Path) -> Path:
+    """The folder a user knows of the temp folder a tool writes in (`.NAME.partial-PID`, removed
+    after a failure): its parent."""
+    while folder.name.startswith(".") and folder != folder.parent:
+        folder = folder.parent
+    return folder
 
 
 def convert(tools: Tools, model_dir: Path, outfile: Path, outtype: str) -> None:
     env = dict(os.environ)
     env.pop("NO_LOCAL_GGUF", None)  # the converter must use the gguf-py of its own tree
     run_tool([sys.executable, tools.converter, model_dir, "--outfile", outfile, "--outtype", outtype],
-             f"convert_hf_to_gguf.py ({outtype})", env=env)
+             f"convert_hf_to_gguf.py ({outtype})", env=env, log=tools.log(f"convert-{outtype}"),
+             writes=_shown(Path(outfile).parent))
 
 
 def quantize(tools: Tools, src: Path, dst: Path, qtype: str, threads: int | None = None) -> None:
     run_tool([tools.bin("llama-quantize"), src, dst, qtype.upper(), str(threads or os.cpu_count() or 1)],
-             f"llama-quantize {qtype}")
+             f"llama-quantize {qtype}", log=tools.log(f"quantize-{qtype}"),
+             writes=_shown(Path(dst).parent))
 
 
 _PPL = re.compile(r"Final estimate: PPL = ([0-9.]+(?:e[+-]?\d+)?) \+/- ([0-9.]+(?:e[+-]?\d+)?)")
@@ -116,7 +223,7 @@ _PPL = re.compile(r"Final estimate: PPL = ([0-9.]+(?:e[+-]?\d+)?) \+/- ([0-9.]+(
 def perplexity(tools: Tools, gguf: Path, text_file: Path, ctx: int, threads: int | None = None) -> dict:
     out = "\n".join(run_tool([tools.bin("llama-perplexity"), "-m", gguf, "-f", text_file, "-c", str(ctx),
                     "-b", str(max(ctx, 512)), "-t", str(threads or os.cpu_count() or 1), "--no-warmup"],
-                   f"llama-perplexity on {gguf.name}", capture=True))
+                   f"llama-perplexity on {gguf.name}", capture=True, log=tools.log(f"perplexity-{gguf.stem}")))
     m = _PPL.search(out)
     if not m:
         last = [ln.strip() for ln in out.splitlines() if ln.strip()][-1:] or ["(no output)"]
@@ -133,5 +240,5 @@ def complete(tools: Tools, gguf: Path, prompt: str, n: int, seed: int = 0) -> st
     out, _ = run_tool([tools.bin("llama-completion"), "-m", gguf, "-p", prompt, "-n", str(n), "--temp", "0",
                     "--seed", str(seed), "-no-cnv", "--no-display-prompt", "--no-warmup", "-t",
                     str(os.cpu_count() or 1)],
-                   f"llama-completion on {gguf.name}", capture=True)
+                   f"llama-completion on {gguf.name}", capture=True, log=tools.log(f"completion-{gguf.stem}"))
     return out.strip()

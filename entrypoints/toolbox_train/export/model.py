@@ -103,6 +103,8 @@ def check(args) -> Job:
     if args.llama_cpp is not None:
         check_path(args.llama_cpp, "--llama-cpp")
     tools = llamacpp.find_tools(args.llama_cpp) if to == "gguf" else None
+    if tools is not None:
+        tools.logs = rm.run / llamacpp.LOGS  # the tools' own output: named by a failure's line, never on our stderr
     job = Job(rm, to, out, quants, dtype, args.ollama, args.overwrite, tools)
     job.estimate = estimate_bytes(rm, to, quants, dtype)
     free = free_bytes(out.parent)
@@ -166,7 +168,7 @@ def do_gguf(job: Job, tmp: Path, manifest: list[dict]) -> None:
         src = tmp / ".merged"
         say(f"step 1: merge the adapter into its base ({STAGING_DTYPE[conv]}, temporary)")
         merge(job.rm, src, STAGING_DTYPE[conv])
-    say(f"step 2: convert to GGUF {conv} with {job.tools.converter}")
+    say(f"step 2: convert to GGUF {conv} with {job.tools.converter} (its output: {job.tools.log(f'convert-{conv}')})")
     conv_file = tmp / f"model-{conv}.gguf"
     llamacpp.convert(job.tools, src, conv_file, conv)
     if conv in job.quants:

@@ -19,6 +19,7 @@ from ..training.config import TrainConfig, load_located
 from ..training.data import looks_like_hub_id, resolve_local
 from ..training.runs import RESOLVED_CONFIG
 from ..cli import UserError
+from ..guards import cannot_make, unwritable
 from ..distributed.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 
 # Files `launch` writes into the output folder before finetune starts.
@@ -175,10 +176,14 @@ def pre_step_leftovers(out: Path) -> list[Path] | None:
 
 
 def output_problem(out: Path, resume: bool, overwrite: bool) -> str | None:
-    if not out.exists():
-        return None
+    if not out.exists():  # made after every check: the nearest folder that exists must take it
+        why = cannot_make(out)
+        return f"output.dir: {out}: {why}" if why else None
     if not out.is_dir():
         return f"output.dir: {out}: exists and is not a folder"
+    why = unwritable(out)
+    if why:
+        return f"output.dir: {out}: {why}"
     if not resume and not overwrite and pre_step_leftovers(out) is None:
         entries = [p.name for p in out.iterdir() if p.name != LAUNCH_DIR]
         return (f"output.dir: {out}: not empty ({', '.join(sorted(entries)[:5])}); "

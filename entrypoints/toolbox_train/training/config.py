@@ -264,10 +264,21 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
+def set_item(field: str, overrides: Sequence[str]) -> str | None:
+    """The `--set` item (the last, which wins) that wrote `field`, or the section `field` is in, or
+    created `field` as a section (`--set nosuch.key=1` makes the unknown section `nosuch`)."""
+    found = None
+    for item in overrides:
+        k = item.partition("=")[0].strip()
+        if field == k or field.startswith(k + ".") or k.startswith(field + "."):
+            found = item
+    return found
+
+
 def _fmt_errors(exc: ValidationError, source: str, marks: dict[tuple, tuple[int, int]],
-                set_keys: Sequence[str] = ()) -> str:
+                overrides: Sequence[str] = ()) -> str:
     """Every error on one line ('; ' between them), each at its field's line, or on `--set`
-    when the value came from one."""
+    (naming the item) when the value came from one."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top)"
@@ -276,18 +287,20 @@ def _fmt_errors(exc: ValidationError, source: str, marks: dict[tuple, tuple[int,
         while path and path not in marks:
             path = path[:-1]
         where = f"{source}:{marks[path][0]}" if path in marks else source
-        if any(loc == k or loc.startswith(k + ".") for k in set_keys):
+        item = set_item(loc, overrides) if err["loc"] else None
+        if item is not None:
             where = "--set"
         if err["type"] == "extra_forbidden":
-            lines.append(f"{where}: {loc}: unknown key")
+            line = f"{where}: {loc}: unknown key"
         elif err["type"] == "missing":
-            lines.append(f"{where}: {loc}: required")
+            line = f"{where}: {loc}: required"
         elif err["type"] == "value_error":  # a validator's own words
-            lines.append(f"{where}: {loc}: {err['ctx']['error']}")
+            line = f"{where}: {loc}: {err['ctx']['error']}"
         elif err["type"] == "finite_number":
-            lines.append(f"{where}: {loc}: not a finite number (got {err.get('input')!r})")
+            line = f"{where}: {loc}: not a finite number (got {err.get('input')!r})"
         else:
-            lines.append(f"{where}: {loc}: {err['msg']} (got {err.get('input')!r})")
+            line = f"{where}: {loc}: {err['msg']} (got {err.get('input')!r})"
+        lines.append(f"{line} (from --set {item})" if item is not None else line)
     return "; ".join(lines)
 
 
@@ -319,19 +332,19 @@ def load_located(config: dict | str | Path, overrides: Sequence[str] = ()) -> tu
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping at the top level")
     data = apply_overrides(data, overrides)
-    set_keys = [item.partition("=")[0].strip() for item in overrides]
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise UserError(_fmt_errors(exc, source, marks, set_keys)) from None
+        raise UserError(_fmt_errors(exc, source, marks, overrides)) from None
 
     def where(message: str) -> str:
         m = re.match(r"([a-z_]+(?:\.(?:[a-z_]+|\d+))*): ", message)  # data.sources.1.weight, grpo.rewards.0.function: a list item's index
         if not m or m.group(1).split(".")[0] not in TrainConfig.model_fields:
             return message
         field = m.group(1)
-        if any(field == k or field.startswith(k + ".") for k in set_keys):
-            return f"--set {message}"
+        item = set_item(field, overrides)
+        if item is not None:
+            return f"--set {item}: {message}"
         path = tuple(int(x) if x.isdigit() else x for x in field.split("."))
         while path and path not in marks:
             path = path[:-1]

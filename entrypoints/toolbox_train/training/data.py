@@ -3,6 +3,7 @@ plain-text, alpaca-style or chat-`messages` form, shaped for TRL's SFTTrainer.""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -61,10 +62,30 @@ def _files_of(path: Path, field: str) -> list[Path]:
     return files
 
 
+SAVED_JSON = ("dataset_dict.json", "state.json", "dataset_info.json")  # what save_to_disk writes beside the data
+
+
 def _load_saved(path: Path, split: str, field: str):
     import datasets
 
-    ds = datasets.load_from_disk(str(path))
+    not_saved = f"{field}: {path}: not a readable saved dataset (save_to_disk's folder)"
+    # datasets reads these with json.load and says only "JSONDecodeError": name the file here.
+    for f in [path / n for n in SAVED_JSON] + [d / n for d in sorted(path.iterdir()) if d.is_dir() for n in SAVED_JSON]:
+        if not f.exists():
+            continue
+        kind = special_file(f)
+        if kind:
+            raise UserError(f"{not_saved}: {f}: {kind}, not a regular file (it is not read)")
+        try:
+            doc = json.loads(f.read_bytes())
+        except (OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
+            raise UserError(f"{not_saved}: {f}: {first_line(exc)}") from None
+        if not isinstance(doc, dict):
+            raise UserError(f"{not_saved}: {f}: not a JSON object")
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:  # a missing or damaged data file, fields of another datasets version
+        raise UserError(f"{not_saved}: {type(exc).__name__}: {first_line(exc)}") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise UserError(f"{field}: {path}: no split {split!r} (has {', '.join(ds)})")

@@ -161,6 +161,9 @@ class Toolbox:
             if self._local_sgd is not None and self.is_local_process_zero():
                 files.write_json(staging / name / LOCAL_SGD_STATE,
                                  {"every": self._local_sgd.local_sgd_steps, "num_steps": self._local_sgd.num_steps})
+        except BaseException as exc:
+            self._failed_save(exc, root, staging, name)
+            raise
         finally:
             self._staging = None
         self.accelerator.wait_for_everyone()
@@ -172,6 +175,23 @@ class Toolbox:
                 pass
             checkpoints.rotate(root, self.toolbox_plan.cfg.output.keep_checkpoints)
         self.accelerator.wait_for_everyone()
+
+    def _failed_save(self, exc: BaseException, root: Path, staging: Path, name: str) -> None:
+        """A checkpoint that could not be written whole leaves nothing (the newest whole one stays
+        the one to resume); a full disk is a fault named by its path, not an internal error."""
+        full = files.disk_full(exc, staging) if isinstance(exc, Exception) else None
+        if self.is_local_process_zero():
+            shutil.rmtree(staging / name, ignore_errors=True)
+            try:
+                staging.rmdir()
+            except OSError:
+                pass
+        if full is None:
+            return
+        cp = checkpoints.newest_complete(root, warn=lambda m: None)
+        raise ToolError(f"disk full at {root} while saving {name} ({full}); the partial copy is removed, "
+                        + (f"{cp} is the newest whole checkpoint: free space, then `finetune --resume` continues "
+                           "from it" if cp else "no whole checkpoint had been written")) from exc
 
     def _count_allreduces(self, model):
         # Test hook (TOOLBOX_COUNT_GRAD_ALLREDUCE=1): DDP's own all-reduce, counted per bucket.
