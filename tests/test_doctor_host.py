@@ -153,3 +153,13 @@ def test_device_access_names_the_group_to_join(tmp_path):
     assert gpuhost.device_checks(tree, uid=1000, gids={1000, other})[1].status == "ok"
     node.chmod(0o666)  # world read/write (some distros' udev rule for /dev/kfd)
     assert gpuhost.device_checks(tree, uid=1000, gids={1000})[1].status == "ok"
+
+
+def test_in_image_attention_kernels_check_on_gfx1151_only():
+    from toolbox_train.checks.doctor import AOTRITON_ENV, aotriton_check
+
+    assert aotriton_check("gfx1151", {AOTRITON_ENV: "1"}).status == "ok"
+    for env in ({}, {AOTRITON_ENV: "0"}):
+        c = aotriton_check("gfx1151", env)
+        assert c.status == "fail" and "#6034" in c.detail and c.hint.startswith(f"export {AOTRITON_ENV}=1")
+    assert aotriton_check("gfx1100", {}) is None  # not this record's arch
