@@ -1,10 +1,12 @@
 # The two commands, each doing its own set-up first (a project venv in .venv, reused while current):
-#   make image   build the default (gfx1151) image; STACK=cpu|cuda for others, ENGINE=podman|docker
+#   make image   build the default (gfx1151) image; STACK=cpu|cuda for others, ENGINE=podman|docker,
+#                LOCAL_BASE=1 where no registry answers (a Debian base made here with debootstrap)
 #   make test    the test suite, what CI runs (installs .ci/apt-packages.txt as root, else says how)
 PYTHON ?= python3
 VENV ?= .venv
 STACK ?= gfx1151
 ENGINE ?=
+LOCAL_BASE ?=
 PYTEST_ARGS ?=
 BUILD_ARGS ?=
 export PYTHON VENV ENGINE
@@ -14,9 +16,10 @@ PY := $(VENV)/bin/python
 .PHONY: image test golden lint venv venv-test
 
 image:
-	@bash .ci/setup engine
 	@bash .ci/setup venv
-	@cmd="$(PY) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE))$$(bash .ci/setup build-args) $(BUILD_ARGS)"; \
+	@bash .ci/setup engine
+	@base=""; $(if $(LOCAL_BASE),base=$$(bash .ci/setup base $(STACK)) || exit $$?;) \
+	  cmd="$(PY) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE))$$base$$(bash .ci/setup build-args) $(BUILD_ARGS)"; \
 	  echo "$$cmd"; eval "$$cmd"
 
 test:

@@ -7,7 +7,6 @@ Inside a container it runs the probe (toolbox_train.checks.doctor) directly.
 
 from __future__ import annotations
 
-import grp
 import json
 import os
 import sys
@@ -27,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--name", type=container_name, help="the toolbx/distrobox container to check")
     p.add_argument("--network", type=network_mode, metavar="MODE", help="container network of the --in-image probe (podman/Docker)")
     p.add_argument("--in-image", action="store_true", help="also run the probe inside the image")
+    p.add_argument("--gpu-only", action="store_true",
+                   help="only the host's GPU: /dev/kfd and render-node access, and on a gfx1151 host the "
+                        "GPU-visible memory, kernel and MES firmware (no engine or image needed)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -63,6 +65,7 @@ def label_checks(labels: dict, stack) -> list:
 
 
 def host_checks(args):
+    from toolbox import gpuhost
     from toolbox.commands.run import resolve_target
     from toolbox.engines import ContainerEngine, ImageEngine, get_engine
     from toolbox_train.checks.doctor import Check
@@ -80,17 +83,8 @@ def host_checks(args):
         return container_checks(args, engine, checks)
     images = engine if isinstance(engine, ImageEngine) and engine.available() else None
     image, platform, stack = resolve_target(args, images)
-    if platform == "rocm":
-        for dev in ("/dev/kfd", "/dev/dri"):
-            checks.append(Check(dev, "ok" if os.path.exists(dev) else "fail",
-                                "present" if os.path.exists(dev) else "missing",
-                                "load the amdgpu driver (`modprobe amdgpu`); on Strix Halo use a kernel >= 6.14"))
-        if os.geteuid() != 0:
-            mine = {grp.getgrgid(g).gr_name for g in os.getgroups() if _gid_ok(g)}
-            for g in ("video", "render"):
-                checks.append(Check(f"group {g}", "ok" if g in mine else "fail",
-                                    "member" if g in mine else "not a member",
-                                    f"sudo usermod -aG {g} $USER, then log in again"))
+    # /dev/kfd and render nodes (ROCm stacks), and on a gfx1151 host what Strix Halo users trip on
+    checks += gpuhost.gpu_checks(rocm=platform == "rocm")
     info = None
     if engine is not None and engine.available():
         info = engine.image_info(image)
@@ -133,12 +127,17 @@ def container_checks(args, engine, checks):
     return checks, engine, image, platform, stack, labels
 
 
-def _gid_ok(g: int) -> bool:
-    try:
-        grp.getgrgid(g)
-        return True
-    except KeyError:
-        return False
+def report(checks, as_json: bool, what: str) -> int:
+    """Print CHECKS (or their JSON); 1 when any failed."""
+    from toolbox_train.checks import doctor as probe
+
+    failed = [c for c in checks if c.status == "fail"]
+    if as_json:
+        print(json.dumps({"ok": not failed, "checks": [c.__dict__ for c in checks]}, indent=1))
+    else:
+        print(probe.render(checks))
+        print(f"doctor: {what} checks passed" if not failed else f"doctor: {what} problems found (see fix: lines)")
+    return 1 if failed else 0
 
 
 def run(args) -> int:
@@ -149,15 +148,14 @@ def run(args) -> int:
         if args.platform:
             argv += ["--expect-platform", args.platform]
         return probe.main(argv)
+    if args.gpu_only:
+        if args.in_image:
+            raise UserError("--gpu-only checks the host alone: not with --in-image")
+        from toolbox import gpuhost
+
+        return report(gpuhost.gpu_checks(), args.json, "host GPU")
     checks, engine, image, platform, stack, info = host_checks(args)
-    failed = [c for c in checks if c.status == "fail"]
-    if args.json:
-        print(json.dumps({"ok": not failed, "checks": [c.__dict__ for c in checks]}, indent=1))
-    else:
-        print(probe.render(checks))
-    rc = 1 if failed else 0
-    if not args.json:
-        print("doctor: host checks passed" if rc == 0 else "doctor: host problems found (see fix: lines)")
+    rc = report(checks, args.json, "host")
     if args.in_image and info is not None:
         from toolbox.run_options import check_rocm_host, run_spec
 

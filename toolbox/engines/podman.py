@@ -17,12 +17,33 @@ class PodmanEngine(ImageEngine):
 
     def __init__(self, binary: str | None = None):
         self.binary = binary or os.environ.get("TOOLBOX_PODMAN", "podman")
+        self._why: str | None = ""  # "" = not asked yet; None = answers
+
+    def why_not(self) -> str | None:
+        """None when podman answers (`podman info` exits 0), else why not; asked once.
+        A binary on PATH is not enough: a podman that cannot reach its storage or runtime
+        fails every build, and `.ci/setup engine` must not count it (engines.answering)."""
+        if self._why == "":
+            if shutil.which(self.binary) is None:
+                self._why = f"`{self.binary}` is not on PATH"
+            else:
+                try:
+                    cp = subprocess.run([self.binary, "info", "--format", "{{.Host.OCIRuntime.Name}}"],
+                                        capture_output=True, text=True, timeout=120)
+                    last = (cp.stderr.strip().splitlines() or [""])[-1]
+                    self._why = None if cp.returncode == 0 else f"`{self.binary} info` exited {cp.returncode}: {last}"
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    self._why = f"`{self.binary} info` did not answer: {exc}"
+        return self._why
 
     def available(self) -> bool:
-        return shutil.which(self.binary) is not None
+        return self.why_not() is None
 
     def missing_hint(self) -> str:
-        return "`podman` is not on PATH; install it (`apt-get install podman`, `dnf install podman`)"
+        why = self.why_not()
+        if why is None or "not on PATH" in why:
+            return "`podman` is not on PATH; install it (`apt-get install podman`, `dnf install podman`)"
+        return f"{why}; `podman info` must work before podman can build"
 
     # -- build --------------------------------------------------------------
     def _build_argv(self, spec: BuildSpec, iidfile: str) -> list[str]:

@@ -107,6 +107,27 @@ def check_llama_cpp(lock: dict) -> list[Check]:
                   "llama-quantize, llama-perplexity, llama-cli, convert_hf_to_gguf.py")]
 
 
+AOTRITON_ENV = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"
+
+
+def aotriton_check(arch: str, environ=os.environ) -> Check | None:
+    """On gfx1151 torch's fast attention kernels (AOTriton flash / memory-efficient) are experimental
+    and off unless AOTRITON_ENV=1: attention then falls back to the MATH kernel, which builds the
+    whole score matrix - ROCm/legacy-rocm-build #6034 measured ~19x slower on Strix Halo, and
+    unslothai/unsloth #8821 shows 'No available kernel' for both unless it is "1". The image's
+    profile sets it; None for other archs."""
+    if arch != "gfx1151":
+        return None
+    value = environ.get(AOTRITON_ENV)
+    if value == "1":
+        return Check("attention kernels", "ok", f"{AOTRITON_ENV}=1 (AOTriton flash/memory-efficient attention)")
+    return Check("attention kernels", "fail",
+                 f"{AOTRITON_ENV} is {'unset' if value is None else repr(value)}: attention falls back to the "
+                 "slow MATH kernel on gfx1151 (ROCm/legacy-rocm-build #6034)",
+                 f"export {AOTRITON_ENV}=1 (the image's /etc/profile.d/toolbox-image.sh sets it; a shell "
+                 "that did not source it lacks it)")
+
+
 def loaded_collectives() -> list[str]:
     libs = set()
     try:
@@ -148,6 +169,8 @@ def probe(lock: dict, expect_platform: str | None, targets: list[str], check_uns
                                 f"build a stack for {arch_base} (gpu_targets), or on gfx11 try HSA_OVERRIDE_GFX_VERSION"))
         else:
             checks.append(Check("gpu", "ok", detail))
+        if hip:
+            checks += [c for c in [aotriton_check(arch_base)] if c is not None]
     elif (platform or kind) in ("rocm", "cuda"):
         hint = ("start the container with /dev/kfd and /dev/dri, groups video and render and "
                 "seccomp=unconfined (`toolbox run` adds them); check `ls -l /dev/kfd /dev/dri` on the host"
