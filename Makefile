@@ -1,10 +1,11 @@
 # The two commands, each doing its own set-up first (a project venv in .venv, reused while current):
-#   make image   build the default (gfx1151) image; STACK=cpu|cuda for others, ENGINE=podman|docker,
+#   make image   build the default stack's image (toolbox.paths.DEFAULT_STACK: gfx1151-rocm10.0);
+#                STACK=cpu|cuda|gfx1151|... for others, ENGINE=podman|docker,
 #                LOCAL_BASE=1 where no registry answers (a Debian base made here with debootstrap)
 #   make test    the test suite, what CI runs (installs .ci/apt-packages.txt as root, else says how)
 PYTHON ?= python3
 VENV ?= .venv
-STACK ?= gfx1151
+STACK ?=
 ENGINE ?=
 LOCAL_BASE ?=
 PYTEST_ARGS ?=
@@ -18,8 +19,9 @@ PY := $(VENV)/bin/python
 image:
 	@bash .ci/setup venv
 	@bash .ci/setup engine
-	@base=""; $(if $(LOCAL_BASE),base=$$(bash .ci/setup base $(STACK)) || exit $$?;) \
-	  cmd="$(PY) -m toolbox build --stack $(STACK) $(if $(ENGINE),--engine $(ENGINE))$$base$$(bash .ci/setup build-args) $(BUILD_ARGS)"; \
+	@stack="$(STACK)"; [ -n "$$stack" ] || stack=$$($(PY) -c 'from toolbox.paths import DEFAULT_STACK; print(DEFAULT_STACK)'); \
+	  base=""; $(if $(LOCAL_BASE),base=$$(bash .ci/setup base "$$stack") || exit $$?;) \
+	  cmd="$(PY) -m toolbox build --stack $$stack $(if $(ENGINE),--engine $(ENGINE))$$base$$(bash .ci/setup build-args) $(BUILD_ARGS)"; \
 	  echo "$$cmd"; eval "$$cmd"
 
 test:
