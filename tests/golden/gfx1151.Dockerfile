@@ -157,11 +157,15 @@ RUN --mount=type=cache,target=/root/.ccache \
 FROM base AS runtime
 
 # rocm 7.13.0
+# AOTriton's flash/efficient attention is experimental on RDNA and off without the variable: torch
+# falls back to the MATH kernel, ~19x slower on gfx1151 (ROCm/legacy-rocm-build #6034). ENV, not only
+# profile.d, so that `toolbox run` (podman/docker run) has it too.
 COPY --from=rocm-fetch /opt/rocm /opt/rocm
 ENV ROCM_PATH=/opt/rocm \
     HIP_PATH=/opt/rocm \
     PATH=/opt/venv/bin:/opt/rocm/bin:$PATH \
-    LD_LIBRARY_PATH=/opt/rocm/lib
+    LD_LIBRARY_PATH=/opt/rocm/lib \
+    TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1
 
 # rccl 79e85e1468f96a867108043c953e9547c13b4c5e: ahead of ROCm's own copy on the library path
 COPY --from=rccl-build /opt/rccl /opt/rccl

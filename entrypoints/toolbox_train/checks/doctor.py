@@ -124,8 +124,8 @@ def aotriton_check(arch: str, environ=os.environ) -> Check | None:
     return Check("attention kernels", "fail",
                  f"{AOTRITON_ENV} is {'unset' if value is None else repr(value)}: attention falls back to the "
                  "slow MATH kernel on gfx1151 (ROCm/legacy-rocm-build #6034)",
-                 f"export {AOTRITON_ENV}=1 (the image's /etc/profile.d/toolbox-image.sh sets it; a shell "
-                 "that did not source it lacks it)")
+                 f"export {AOTRITON_ENV}=1 (the image sets it, as ENV and in /etc/profile.d/toolbox-image.sh; "
+                 "an environment that overrode or unset it lacks it)")
 
 
 def loaded_collectives() -> list[str]:
