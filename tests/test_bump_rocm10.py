@@ -128,6 +128,25 @@ def test_torch_through_the_whl_next_redirect_never_takes_a_7x_wheel(repo, stack_
     assert after.count("\n") == before.count("\n") and "# whl-next/ redirects" in after
 
 
+@pytest.fixture()
+def newer_torch(monkeypatch):
+    """torch 2.13.1+rocm10.0.0 (and its device wheel) on the index too."""
+    for project, f in (("torch", "torch-2.13.1+rocm10.0.0-cp313-cp313-"),
+                       ("amd-torch-device-gfx1151", "amd_torch_device_gfx1151-2.13.1+rocm10.0.0-cp313-cp313-")):
+        monkeypatch.setitem(PYTORCH, project, [*PYTORCH[project], f + LINUX])
+
+
+def test_torch_bump_refuses_to_leave_the_coupled_wheel_pins_stale(newer_torch, repo, stack_copy):
+    # bump re-pins torch.wheels' torch/torchvision/torchaudio, not the wheels coupled to them
+    # (AMD's index publishes no sha256s, triton's build hash is not derived from torch's): a new
+    # torch contradicts its device wheel pin, so nothing is written and the field is named.
+    before = stack_copy.read_text()
+    with pytest.raises(UserError, match=r"torch.wheels.amd-torch-device-gfx1151: the wheel is version "
+                                        r"2.13.0\+rocm10.0.0, not 2.13.1\+rocm10.0.0"):
+        bump("torch", str(stack_copy), None, index_url=f"{repo}/whl-next/")
+    assert stack_copy.read_text() == before
+
+
 def test_torch_to_2_14_finds_no_rocm10_0_build(repo, stack_copy):
     # 2.14.0 exists for rocm7.15... and rocm10.1.0, neither of which is this stack's ROCm.
     with pytest.raises(UserError, match=r"--to 2.14: no torch 2.14 \+rocm10.0.0 in .*\(it lists 2.13.0\+rocm10.0.0\)"):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.components.torch import requirements
+from toolbox.components.torch import install_requirements, requirements
 from toolbox.stack.load import load_stack
 from toolbox.stack.pylock import lock_path
 
@@ -37,7 +37,7 @@ R10, R7 = "rocm10.0.0", "rocm7.15.0a20260728"
 def line(local: str) -> dict[str, tuple[str, list[str]]]:
     """One ROCm line's wheels: name -> (version, Requires-Dist lines), coupled by exact versions."""
     sdk = "10.0.0" if local == R10 else "7.15.0a20260728"
-    torch_deps = [f"triton==3.8.0+git4cff872c.{local}", f"rocm-sdk-core=={sdk}",
+    torch_deps = [f"triton==3.8.0+git4cff872c.{local}", f"rocm-sdk-core=={sdk}", f"rocm-sdk-libraries=={sdk}",
                   f'amd-torch-device-gfx1151==2.13.0+{local}; extra == "device-gfx1151"',
                   f'rocm-sdk-device-gfx1151=={sdk}; extra == "device-gfx1151"']
     return {
@@ -49,6 +49,7 @@ def line(local: str) -> dict[str, tuple[str, list[str]]]:
         "amd-torch-device-gfx1151": (f"2.13.0+{local}", [f"torch==2.13.0+{local}"]),
         "amd-torchvision-device-gfx1151": (f"0.28.0+{local}", []),
         "rocm-sdk-core": (sdk, []),
+        "rocm-sdk-libraries": (sdk, [f"rocm-sdk-core=={sdk}"]),
         "rocm-sdk-device-gfx1151": (sdk, [f"rocm-sdk-core=={sdk}"]),
     }
 
@@ -114,6 +115,35 @@ def test_pip_installs_only_rocm10_builds_from_the_stacks_requirements(index, tmp
     assert all(v == line(R10)[n][0] for n, v in got.items()), got
     # ...and an upgrade of what is there cannot move it either (pip's --upgrade compares as text too).
     assert pip_resolve(index, ["--upgrade", *reqs], tmp_path) == got
+
+
+def test_pip_takes_the_whole_rocm_set_from_the_stacks_urls_not_the_index(index, tmp_path):
+    """The image's torch step: every package of the ROCm line is a `name @ URL#sha256=` pin, so
+    pip takes each from its URL (checking the hash) and none from the index that holds both lines.
+    The stack's URLs are AMD's; here each points at this index's file of the same name and version."""
+    import hashlib
+    import urllib.request
+    from urllib.parse import unquote
+
+    from packaging.utils import parse_wheel_filename
+
+    reqs = []
+    for r in install_requirements(load_stack("gfx1151-rocm10.0")):
+        name, sep, url = r.partition(" @ ")
+        assert sep, f"{r}: not by URL: pip would take it from an index"
+        dist = name.split("[", 1)[0]
+        assert str(parse_wheel_filename(unquote(url.partition("#")[0].rsplit("/", 1)[1]))[1]) == line(R10)[dist][0]
+        here = f"{index}{dist}/{dist.replace('-', '_')}-{line(R10)[dist][0].replace('+', '%2B')}-py3-none-any.whl"
+        with urllib.request.urlopen(here) as resp:
+            reqs.append(f"{name} @ {here}#sha256={hashlib.sha256(resp.read()).hexdigest()}")
+    report = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                        "--no-cache-dir", "--disable-pip-version-check", "--index-url", index, "--report", str(report),
+                        *reqs], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null"})
+    assert r.returncode == 0, r.stderr
+    got = {i["metadata"]["name"]: (i["metadata"]["version"], i["is_direct"]) for i in json.loads(report.read_text())["install"]}
+    assert got == {n: (v, True) for n, (v, _) in line(R10).items()}, got  # all of the line, each from its URL
 
 
 @pytest.mark.skipif(shutil.which("uv") is None and not Path(sys.executable).with_name("uv").exists(), reason="needs uv")

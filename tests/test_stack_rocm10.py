@@ -57,6 +57,80 @@ def test_torch_is_installed_by_url_and_sha256_with_the_device_extra():
     assert s.base.python == "python3.13" and "torch" not in s.unverified_pins()
 
 
+# The wheels TheRock couples to this torch by exact versions, with the sha256s of the public
+# manifest the stack file names (cp313, Linux x86_64).
+COUPLED = {
+    "amd-torch-device-gfx1151": ("2.13.0+rocm10.0.0", "33dfb69b1d6d89127aec416d2891b205ed31d7ffb0a106aa45a54da7afd0c01d"),
+    "amd-torchvision-device-gfx1151": ("0.28.0+rocm10.0.0",
+                                       "847738fbb85db7e3cd6e711565a314bd145e71bb15f3b9271004b9821d18f234"),
+    "triton": ("3.8.0+git4cff872c.rocm10.0.0", "874f41046c50f84392c8481f074a2f96cfc1dc44a9b05e162246cb7f9175e588"),
+    "rocm-sdk-core": ("10.0.0", "3bf4a72d11aa2a4ee1e90572c73630f937d38c1b7af4dda45b483b54655138a7"),
+    "rocm-sdk-libraries": ("10.0.0", "bbe83a550cb8ceeb306abf6d57df6617857a1b19384549526db2ec81a4374e57"),
+    "rocm-sdk-device-gfx1151": ("10.0.0", "ec705df531e523777a5cd47b2dfadb2272935927c46c122effb11fcdcedb73d0"),
+}
+
+
+def test_the_whole_coupled_rocm_set_is_installed_by_url_and_sha256():
+    """Not only torch/torchvision/torchaudio: their device wheels, triton and rocm-sdk-* too, so
+    pip takes none of the ROCm set from an index (where +rocm7.x sorts above +rocm10.0.0)."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+    from urllib.parse import unquote
+
+    s = load_stack("gfx1151-rocm10.0")
+    reqs = install_requirements(s)
+    by_name = {r.split(" @ ", 1)[0].split("[", 1)[0]: r.split(" @ ", 1)[1] for r in reqs if " @ " in r}
+    assert len(by_name) == len(reqs)  # every one by URL, none by version from an index
+    assert set(by_name) == {"torch", "torchvision", "torchaudio", *COUPLED}
+    for name, (version, sha) in COUPLED.items():
+        url, _, got = by_name[name].partition("#sha256=")
+        assert got == sha and url.startswith("https://stable.repo.amd.com/rocm/"), name
+        dist, v = parse_wheel_filename(unquote(url.rsplit("/", 1)[1]))[:2]
+        assert dist == canonicalize_name(name) and str(v) == version
+        assert s.pins()[f"{name}.wheel_sha256"] == sha  # part of the image tag
+    # The torch step of the image installs exactly these.
+    step = render_dockerfile(s)
+    step = step[step.index("# torch 2.13.0+rocm10.0.0"):]
+    for name, (_, sha) in COUPLED.items():
+        assert f"'{name} @ https://" in step and f"#sha256={sha}'" in step, name
+
+
+SHA_A = "a" * 64
+
+
+@pytest.mark.parametrize("name,ref,why", [
+    ("triton", "https://x.example/triton-3.8.0%2Bgit4cff872c.rocm10.0.0-cp313-cp313-linux_x86_64.whl",
+     "expected 'https://<wheel URL>#sha256=<64 hex>'"),  # no hash
+    ("rocm-sdk-core", f"http://x.example/rocm_sdk_core-10.0.0-py3-none-linux_x86_64.whl#sha256={SHA_A}",
+     "expected 'https://<wheel URL>#sha256=<64 hex>'"),  # not https
+    ("rocm-sdk-core", f"https://x.example/rocm_sdk_core-10.0.0-py3-none-linux_x86_64.whl#sha256={'a' * 63}",
+     "expected 'https://<wheel URL>#sha256=<64 hex>'"),
+    ("triton", f"https://x.example/triton-3.8.0%2Bgit4cff872c.rocm7.15.0a20260728-cp313-cp313-linux_x86_64.whl"
+               f"#sha256={SHA_A}", "not *.rocm10.0.0 of torch's +rocm10.0.0 line"),  # the sort trap's 7.x
+    ("rocm-sdk-libraries", f"https://x.example/rocm_sdk_libraries-7.15.0a20260728-py3-none-linux_x86_64.whl"
+                           f"#sha256={SHA_A}", "not 10.0.0 of torch's +rocm10.0.0 line"),
+    ("amd-torch-device-gfx1151", f"https://x.example/amd_torch_device_gfx1151-2.14.0%2Brocm10.0.0-cp313-cp313-"
+                                 f"linux_x86_64.whl#sha256={SHA_A}", "not 2.13.0+rocm10.0.0 of torch's"),
+    ("rocm-sdk-core", f"https://x.example/rocm_sdk_libraries-10.0.0-py3-none-linux_x86_64.whl#sha256={SHA_A}",
+     "the wheel is rocm-sdk-libraries's, not rocm-sdk-core's"),
+    ("numpy", f"https://x.example/numpy-2.0.0-cp313-cp313-linux_x86_64.whl#sha256={SHA_A}",
+     "names no package this block pins"),
+])
+def test_a_coupled_wheel_without_https_and_sha256_on_the_line_is_refused(tmp_path, name, ref, why):
+    p = tmp_path / "s.yaml"
+    p.write_text(f"extends: gfx1151-rocm10.0\ntorch:\n  wheels:\n    {name}: {ref}\n")
+    r = subprocess.run([sys.executable, "-m", "toolbox", "render", "--stack", str(p)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{p}:4: torch.wheels.{name}: " in r.stderr and why in r.stderr, r.stderr
+
+
+def test_another_torch_drops_the_coupled_pins_it_would_contradict():
+    # --set torch.torch moves torch: its wheel URL and the ones coupled to it are of the old build.
+    s = load_stack("gfx1151-rocm10.0", ["torch.torch=2.13.1+rocm10.0.0"])
+    assert set(s.torch.wheels) == {"torchvision", "torchaudio", "amd-torchvision-device-gfx1151"}
+
+
 def test_rccl_is_built_from_the_releases_own_commit_without_a_series():
     stage = rccl_stage(render_dockerfile(load_stack("gfx1151-rocm10.0")))
     assert "git-fetch.sh https://github.com/ROCm/rocm-systems 6b0e43f341195e203754e08f850e437ff2fc09f9" in stage

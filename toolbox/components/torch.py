@@ -27,13 +27,16 @@ def requirements(stack) -> list[str]:
 
 def install_requirements(stack) -> list[str]:
     """What pip installs: requirements() where a wheel is pinned by URL and sha256 (first use),
-    `name[extra] @ URL#sha256=...`, whose hash pip checks."""
+    `name[extra] @ URL#sha256=...`, whose hash pip checks; then each pinned wheel coupled to them
+    (device wheels, triton, rocm-sdk-*), `name @ URL#sha256=...`: a direct URL is the only
+    candidate pip has for that name, so torch's exact requirement on it takes it, or fails."""
     out = []
     for req in requirements(stack):
         name = req.split("[", 1)[0].split("==", 1)[0]
         ref = stack.torch.wheels.get(name)
         out.append(f"{req.split('==', 1)[0]} @ {ref}" if ref else req)
-    return out
+    own = ("torch", "torchvision", "torchaudio")
+    return out + [f"{name} @ {ref}" for name, ref in sorted(stack.torch.wheels.items()) if name not in own]
 
 
 def _pins(stack):

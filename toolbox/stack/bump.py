@@ -8,7 +8,10 @@
   +rocm7.15..., so "the newest" is only ever taken among one ROCm's builds) in its pip index;
   torchvision 0.(minor+15) as PyTorch pairs them, torchaudio at torch's version or the newest
   below it (ROCm 10.0: 2.11.0.2 with torch 2.13.0); torch.wheels URLs written in the stack file
-  are re-pinned to the new files (the page's sha256, or downloaded and hashed). ROCm 10's stable
+  are re-pinned to the new files (the page's sha256, or downloaded and hashed). The wheels coupled
+  to them (device wheels, triton, rocm-sdk-*) are not: AMD's index gives no sha256 for these
+  multi-hundred-MB files and triton's build hash is not derived from torch's version; a bump that
+  leaves their pins stale is refused by the stack's check, naming the field. ROCm 10's stable
   repository: tarballs in core/tarball/, wheels in whl-next/ (which redirects each project to
   pytorch/whl-next/ or core/whl-next/; links are resolved where the page is). A multi-arch index (torch.multi_arch, whl-multi-arch/) must also list
   amd-torch-device-<target> at that torch version for every GPU target.

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from toolbox_train import safe_yaml
 
 from toolbox.errors import UserError
+from toolbox.stack.values import coupled_names
 
 
 @dataclass
@@ -83,6 +84,10 @@ FOLLOWS: list[tuple[tuple, tuple, dict[tuple, Any]]] = [
     # a first-use wheel pin is of one version from one index
     (("torch", "index_url"), ("torch", "wheels"), {}),
     *((("torch", n), ("torch", "wheels", n), {}) for n in ("torch", "torchvision", "torchaudio")),
+    # ...and so is a wheel coupled to torch (its device wheels, triton, rocm-sdk-*): another torch
+    # (torchvision, for its device wheel) has other ones; left to the index's exact pins then.
+    *((("torch", "torchvision" if n.startswith("amd-torchvision-") else "torch"), ("torch", "wheels", n), {})
+      for n in coupled_names()),
 ]
 _ABSENT = object()
 

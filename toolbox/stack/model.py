@@ -163,7 +163,11 @@ class Torch(Model):
     unverified: bool = Field(False, description='true while these versions are not verified against the index')
     wheels: dict[str, str] = Field(default_factory=dict, description="wheel files of index_url pinned on first use "
                                    "(`toolbox build` records them in the user's pins file): package -> "
-                                   "'<wheel URL>#sha256=<64 hex>'; installed by that URL, and pip checks the hash")
+                                   "'<wheel URL>#sha256=<64 hex>'; installed by that URL, and pip checks the hash. "
+                                   "Also the wheels coupled to torch by exact versions (triton, rocm-sdk-core, "
+                                   "rocm-sdk-libraries, amd-torch-device-<target>, amd-torchvision-device-<target>, "
+                                   "rocm-sdk-device-<target>): 'https://...#sha256=<64 hex>' on torch's +rocm<X> line, "
+                                   "so pip takes none of the ROCm set from an index")
     _v = field_validator("torch", "torchvision", "torchaudio")(
         classmethod(lambda cls, v: None if v is None else _version(v))
     )
@@ -173,7 +177,7 @@ class Torch(Model):
     def _wheels(self) -> "Torch":
         for name, ref in self.wheels.items():
             pinned = getattr(self, name, None) if name in ("torch", "torchvision", "torchaudio") else None
-            check_wheel_ref(name, ref, pinned)
+            check_wheel_ref(name, ref, pinned, self.torch, self.torchvision)
         return self
 
 

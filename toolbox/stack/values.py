@@ -95,18 +95,62 @@ def check_targets(v: list[str]) -> list[str]:
 
 
 
-def check_wheel_ref(name: str, ref: str, pinned: str | None) -> None:
-    """`torch.wheels.<name>`: '<wheel URL>#sha256=<64 hex>' of a package the block pins, at its version."""
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+def coupled_names(targets=KNOWN_GPU_TARGETS) -> list[str]:
+    """The wheels TheRock couples to its torch, torchvision and torchaudio by exact versions
+    (torch's metadata and its [device-<target>] extras require them): `torch.wheels` may pin
+    these too, so pip takes none of the ROCm set from an index."""
+    per_target = ("amd-torch-device-{}", "amd-torchvision-device-{}", "rocm-sdk-device-{}")
+    return ["triton", "rocm-sdk-core", "rocm-sdk-libraries", *(p.format(t) for t in sorted(targets) for p in per_target)]
 
-    if pinned is None:
-        raise FieldError(("wheels", name), "names no package this block pins (torch, torchvision, torchaudio)")
-    m = re.fullmatch(r"((?:https?|file)://\S+/([^/#\s]+\.whl))#sha256=([0-9a-f]{64})", str(ref))
+
+def _coupled_version(name: str, torch: str, torchvision: str | None) -> str | None:
+    """The version the coupled wheel `name` has on torch's +rocm<X> line: exact for the device
+    wheels (torch's, torchvision's) and rocm-sdk-* (<X>); triton's `+git<hash>.rocm<X>` carries a
+    build hash no pin names, so '*.rocm<X>' (checked by the caller). None: torch has no +rocm line."""
+    if name.startswith("amd-torchvision-device-"):
+        return torchvision or "(none: torch.torchvision is unset)"
+    local = torch.partition("+")[2]
+    if not re.fullmatch(r"rocm\d[0-9A-Za-z.]*", local):
+        return None
+    if name.startswith("amd-torch-device-"):
+        return torch
+    if name.startswith("rocm-sdk-"):
+        return local[len("rocm"):]
+    return f"*.{local}"  # triton
+
+
+def check_wheel_ref(name: str, ref: str, pinned: str | None, torch: str | None = None,
+                    torchvision: str | None = None) -> None:
+    """`torch.wheels.<name>`: '<wheel URL>#sha256=<64 hex>' of a package the block pins, at its
+    version; or 'https://...#sha256=<64 hex>' of one coupled to it (coupled_names()), on the same
+    +rocm<X> line as torch."""
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    coupled = pinned is None and name in coupled_names()
+    if pinned is None and not coupled:
+        raise FieldError(("wheels", name), "names no package this block pins (torch, torchvision, torchaudio) nor "
+                         "one coupled to them (triton, rocm-sdk-core, rocm-sdk-libraries, amd-torch-device-<target>, "
+                         "amd-torchvision-device-<target>, rocm-sdk-device-<target>)")
+    scheme = r"https://" if coupled else r"(?:https?|file)://"
+    m = re.fullmatch(scheme + r"\S+/([^/#\s]+\.whl)#sha256=([0-9a-f]{64})", str(ref))
     if not m:
-        raise FieldError(("wheels", name), f"expected '<wheel URL>#sha256=<64 hex>', got {ref!r}")
+        want = "https://<wheel URL>" if coupled else "<wheel URL>"
+        raise FieldError(("wheels", name), f"expected '{want}#sha256=<64 hex>', got {ref!r}")
     try:
-        version = parse_wheel_filename(unquote(m.group(2)))[1]
+        dist, version = parse_wheel_filename(unquote(m.group(1)))[:2]
     except InvalidWheelFilename as exc:
         raise FieldError(("wheels", name), f"not a wheel file name: {exc}") from None
-    if str(version) != pinned:
-        raise FieldError(("wheels", name), f"the wheel is version {version}, but torch.{name} pins {pinned}")
+    if not coupled:
+        if str(version) != pinned:
+            raise FieldError(("wheels", name), f"the wheel is version {version}, but torch.{name} pins {pinned}")
+        return
+    if dist != canonicalize_name(name):
+        raise FieldError(("wheels", name), f"the wheel is {dist}'s, not {name}'s")
+    want = _coupled_version(name, torch or "", torchvision)
+    if want is None:
+        raise FieldError(("wheels", name), f"pins a wheel of the ROCm set, but torch.torch {torch} has no +rocm<X> line")
+    ok = (version.local or "").endswith(want[1:]) if want.startswith("*.") else str(version) == want
+    if not ok:
+        line = (torch or "").partition("+")[2]
+        of = f"torch.torchvision's {torchvision}" if name.startswith("amd-torchvision-device-") else f"torch's +{line} line"
+        raise FieldError(("wheels", name), f"the wheel is version {version}, not {want} of {of}")
