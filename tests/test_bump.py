@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from helpers.httpd import Quiet, serve_folder
 from toolbox.stack.bump import bump
 from toolbox.errors import UserError
 from toolbox.paths import STACKS_DIR
@@ -23,10 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGEST = "sha256:" + "ab" * 32
 
 
-class Handler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
+class Handler(Quiet):
     def do_HEAD(self):
         if self.path == "/v2/fedora/manifests/43":
             self.send_response(200)
@@ -41,11 +36,8 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 def server(tmp_path):
     root = tmp_path / "www"
     (root / "tarball").mkdir(parents=True)
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield root, f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with serve_folder(root, Handler) as url:
+        yield root, url
 
 
 @pytest.fixture()

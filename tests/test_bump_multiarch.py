@@ -7,17 +7,15 @@ AMD's are listings of a file tree, and '+' in wheel names arrives URL-quoted as 
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from helpers.httpd import serve_folder
 from toolbox.stack.bump import bump
 from toolbox.errors import ToolError, UserError
 from toolbox.paths import STACKS_DIR
@@ -41,11 +39,6 @@ WHEELS = {
 }
 
 
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-
 @pytest.fixture()
 def repo(tmp_path):
     root = tmp_path / "www" / "rocm"
@@ -56,11 +49,8 @@ def repo(tmp_path):
         (root / "whl-multi-arch" / project).mkdir(parents=True)
         for f in files:
             (root / "whl-multi-arch" / project / f"{f}.whl").write_bytes(b"PK")
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path / "www")))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/rocm"
-    srv.shutdown()
-    srv.server_close()
+    with serve_folder(tmp_path / "www") as url:
+        yield f"{url}/rocm"
 
 
 @pytest.fixture()

@@ -7,17 +7,15 @@ as AMD's does. Both ROCm lines sit on the one index, so the sort trap is there t
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from helpers.httpd import Quiet, serve_folder
 from toolbox.errors import UserError
 from toolbox.paths import STACKS_DIR
 from toolbox.stack.bump import bump
@@ -45,11 +43,8 @@ PYTORCH = {
 CORE = {"rocm-sdk-device-gfx1151": ["rocm_sdk_device_gfx1151-10.0.0-py3-none-" + LINUX]}
 
 
-class Repo(http.server.SimpleHTTPRequestHandler):
+class Repo(Quiet):
     """A static file tree plus AMD's whl-next/ redirect."""
-
-    def log_message(self, *a):
-        pass
 
     def send_head(self):
         if self.path.startswith("/rocm/whl-next/"):
@@ -75,11 +70,8 @@ def repo(tmp_path):
             d.mkdir(parents=True)
             for f in files:
                 (d / f"{f}.whl").write_bytes(f"wheel {f}".encode())
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Repo, directory=str(www)))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/rocm"
-    srv.shutdown()
-    srv.server_close()
+    with serve_folder(www, Repo) as url:
+        yield f"{url}/rocm"
 
 
 @pytest.fixture()

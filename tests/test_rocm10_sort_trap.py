@@ -12,20 +12,18 @@ torch==2.13.0 gets the 7.15 build), so the test fails if the stack's pins stop b
 
 from __future__ import annotations
 
-import functools
-import http.server
 import io
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from helpers.httpd import serve_folder
 from toolbox.components.torch import install_requirements, requirements
 from toolbox.stack.load import load_stack
 from toolbox.stack.pylock import lock_path
@@ -69,11 +67,6 @@ def wheel(name: str, version: str, deps: list[str]) -> tuple[str, bytes]:
     return f"{dist}-py3-none-any.whl", buf.getvalue()
 
 
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
     root = tmp_path_factory.mktemp("amd-index")
@@ -83,11 +76,8 @@ def index(tmp_path_factory):
             d.mkdir(parents=True, exist_ok=True)
             filename, data = wheel(name, version, deps)
             (d / filename).write_bytes(data)
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/simple/"
-    srv.shutdown()
-    srv.server_close()
+    with serve_folder(root) as url:
+        yield f"{url}/simple/"
 
 
 def pip_resolve(index: str, reqs: list[str], tmp_path: Path) -> dict[str, str]:
