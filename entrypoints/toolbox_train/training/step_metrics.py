@@ -72,6 +72,19 @@ def trl_head_settings(module) -> dict | None:
     return cells if _TRL_HEAD_CELLS <= cells.keys() else None
 
 
+def _hidden_states(model, cfg: dict, head, args, labels, shift_labels, kw):
+    """The backbone's last hidden states and the labels they predict (shifted, unless TRL passed
+    shift_labels), on the head's device, and the mask of the labelled positions."""
+    kw["use_cache"] = False
+    hidden = getattr(model, cfg["backbone_attr"])(*args, **kw).last_hidden_state
+    if shift_labels is None:
+        hidden, labels = hidden[:, :-1], labels[:, 1:]
+    else:
+        labels = shift_labels
+    hidden, labels = hidden.to(head.weight.device), labels.to(head.weight.device)
+    return hidden, labels, labels != -100
+
+
 def all_positions_forward(trl_forward, cfg: dict):
     """TRL's fused-head forward without its boolean-mask gather (`hidden_states[mask]`, `labels[mask]`):
     a mask index has a data-dependent size, so it reads the mask's count back to the host (a sync) in the
@@ -90,14 +103,7 @@ def all_positions_forward(trl_forward, cfg: dict):
                 or isinstance(head.weight, DTensor)):
             return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                                num_items_in_batch=num_items_in_batch, **kw)
-        kw["use_cache"] = False
-        hidden = getattr(self, cfg["backbone_attr"])(*args, **kw).last_hidden_state
-        if shift_labels is None:
-            hidden, labels = hidden[:, :-1], labels[:, 1:]
-        else:
-            labels = shift_labels
-        hidden, labels = hidden.to(head.weight.device), labels.to(head.weight.device)
-        mask = labels != -100
+        hidden, labels, mask = _hidden_states(self, cfg, head, args, labels, shift_labels, kw)
         autocast = contextlib.nullcontext()
         if cfg["cast_lm_head_to_fp32"]:
             hidden = hidden.float()
@@ -134,14 +140,7 @@ def liger_head_forward(trl_forward, cfg: dict):
                 or cfg["logit_scale"] != 1):
             return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                                num_items_in_batch=num_items_in_batch, **kw)
-        kw["use_cache"] = False
-        hidden = getattr(self, cfg["backbone_attr"])(*args, **kw).last_hidden_state
-        if shift_labels is None:
-            hidden, labels = hidden[:, :-1], labels[:, 1:]
-        else:
-            labels = shift_labels
-        hidden, labels = hidden.to(head.weight.device), labels.to(head.weight.device)
-        mask = labels != -100
+        hidden, labels, mask = _hidden_states(self, cfg, head, args, labels, shift_labels, kw)
         n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         total = LIGER_FLCE[0](hidden.reshape(-1, hidden.size(-1)), head.weight, labels.reshape(-1), bias=head.bias,
                               ignore_index=-100, reduction="sum", softcap=cfg["final_logit_softcapping"])
