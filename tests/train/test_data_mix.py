@@ -211,8 +211,9 @@ def test_a_source_names_its_own_columns(tmp_path, suffix):
 
 def test_chat_and_alpaca_sources_train_together_on_the_responses(tmp_path, tiny_model, monkeypatch):
     # Issue 32's whole config: two sources (chat + alpaca), loss on the answers (the default) and MLflow.
-    for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
-        monkeypatch.delenv(k, raising=False)
+    for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):  # unset, and put back after (the run sets them)
+        monkeypatch.setenv(k, "x")
+        monkeypatch.delenv(k)
     chat = write_dataset(tmp_path / "chat.jsonl", "messages", n=24)
     alpaca = write_dataset(tmp_path / "alpaca.jsonl", "alpaca", n=24, seed=1)
     cfg = train_config(tiny_model, "unused", tmp_path / "out", **{

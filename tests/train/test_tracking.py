@@ -9,11 +9,13 @@ import json
 import struct
 import subprocess
 import sys
+import types
 
 import pytest
 import yaml
 
 from helpers.tiny import train_config, write_dataset
+from toolbox_train.cli import UserError
 from toolbox_train.training import finetune, tracking
 
 ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR",
@@ -65,10 +67,15 @@ def test_mlflow_wandb_trackio_hold_the_loss_of_metrics_jsonl(tmp_path, tiny_mode
         monkeypatch.setenv(k, v)
     data = write_dataset(tmp_path / "d.jsonl", "text", n=24)
     out = tmp_path / "out"
-    finetune.run(train_config(tiny_model, data, out, **{
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump(train_config(tiny_model, data, out, **{
         "train.max_steps": 4, "output.report_to": ["mlflow", "wandb", "trackio"], "output.run_name": "tiny-run",
         "output.mlflow": {"experiment": "exp-a"}, "output.wandb": {"project": "proj-w"},
-        "output.trackio": {"project": "proj-t"}}))
+        "output.trackio": {"project": "proj-t"}})))
+    # the finetune command, as a user runs it: a process of its own (trackio reads TRACKIO_DIR once, at its
+    # first import, so an earlier in-process run of the suite must not decide where this one logs)
+    subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg)], check=True,
+                   capture_output=True, env={**__import__("os").environ})
     want = _loss_series(out)
     assert [s for s, _ in want] == [1, 2, 3, 4]
 
@@ -157,6 +164,7 @@ def test_config_wins_over_the_environment_which_wins_over_the_output_folder(tmp_
                               "output": {"dir": str(tmp_path / "run"), **output}})
         return tracking.training_args(cfg.output, tmp_path / "run", tmp_path)
 
+    monkeypatch.delitem(sys.modules, "trackio.utils", raising=False)  # not loaded yet, as in a fresh process
     a = args(report_to=["mlflow", "wandb", "trackio"])
     assert a["report_to"] == ["mlflow", "wandb", "trackio"] and a["run_name"] == "run" and a["project"] == "toolbox"
     assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}"
@@ -169,6 +177,13 @@ def test_config_wins_over_the_environment_which_wins_over_the_output_folder(tmp_
     args(report_to=["mlflow", "wandb"], mlflow={"tracking_uri": "file:///srv/mlruns"}, wandb={"mode": "disabled"})
     assert os.environ["MLFLOW_TRACKING_URI"] == "file:///srv/mlruns" and os.environ["WANDB_MODE"] == "disabled"
     assert args(tensorboard=True)["report_to"] == ["tensorboard"] and args()["report_to"] == "none"
+    # trackio already loaded in this process with another run's folder: refused, not logged there
+    monkeypatch.setitem(sys.modules, "trackio.utils", types.SimpleNamespace(TRACKIO_DIR=tmp_path / "first"))
+    with pytest.raises(UserError, match=r"output.trackio: trackio is already loaded in this process with its database "
+                                        r"in .*first; run this finetune in a process of its own"):
+        args(report_to=["trackio"])
+    monkeypatch.setitem(sys.modules, "trackio.utils", types.SimpleNamespace(TRACKIO_DIR=tmp_path / "run" / "trackio"))
+    assert args(report_to=["trackio"])["report_to"] == ["trackio"]
 
 
 def test_a_folder_store_from_the_environment_is_named(tmp_path, capsys, monkeypatch, tiny_model, clean_env):

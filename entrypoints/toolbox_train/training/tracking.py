@@ -78,7 +78,9 @@ def check(o) -> None:
     tracker that is not asked for (a typo in report_to would otherwise log nowhere, silently)."""
     names = trackers(o)
     for name in ("mlflow", "wandb", "trackio"):
-        if name in o.model_fields_set and name not in names:
+        # set to something but its defaults: config.resolved.yaml writes every section out, so a
+        # resolved config read back (resume's checks, --plan on it) has them all "set"
+        if name not in names and getattr(o, name) != type(getattr(o, name))():
             raise UserError(f"output.{name}: set, but {name} is not in output.report_to (add it there to log to it)")
     if "mlflow" in names:
         _check_mlflow_store(o.mlflow.tracking_uri)
@@ -139,6 +141,12 @@ def training_args(o, out: Path, base: Path) -> dict:
     if "trackio" in names:
         # trackio reads TRACKIO_DIR when it is first imported (transformers' callback imports it later)
         env["TRACKIO_DIR"] = _local(o.trackio.dir, base, out / "trackio")
+        loaded = getattr(sys.modules.get("trackio.utils"), "TRACKIO_DIR", None)
+        if loaded is not None and Path(loaded) != Path(env["TRACKIO_DIR"]):
+            # a second run in one Python process (finetune.run called twice): trackio would log into the
+            # first run's database, not this one's
+            raise UserError(f"output.trackio: trackio is already loaded in this process with its database in "
+                            f"{loaded}; run this finetune in a process of its own to log to {env['TRACKIO_DIR']}")
     return dict(report_to=names or "none", run_name=o.run_name or out.name,
                 **({"project": o.trackio.project} if "trackio" in names else {}))
 
