@@ -51,7 +51,8 @@ def test_gguf_export_matches_hf_perplexity(arch, real_vocab_run, llama_tools, tm
     sizes = {q: (out / f"model-{q}.gguf").stat().st_size for q in ("f16", "q8_0", "q4_k_m")}
     assert sizes["f16"] > sizes["q8_0"] > sizes["q4_k_m"]
     assert (out / "Modelfile").read_text().splitlines()[-1] == "FROM ./model-q4_k_m.gguf"
-    assert sorted(p.name for p in out.iterdir()) == ["Modelfile", "export.json", "model-f16.gguf",
+    # README.md: the model card every export writes (issue 32)
+    assert sorted(p.name for p in out.iterdir()) == ["Modelfile", "README.md", "export.json", "model-f16.gguf",
                                                      "model-q4_k_m.gguf", "model-q8_0.gguf"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 

@@ -58,7 +58,8 @@ def python_version(stack) -> str:
     if base.family == "debian":
         tag = base.image.rsplit(":", 1)[-1]
         if tag not in DEBIAN_PYTHON:
-            raise UserError(f"toolbox lock: which Python does {base.image} carry? known: {', '.join(DEBIAN_PYTHON)}")
+            raise UserError(f"{stack.origin.where(('base', 'image'))}: base.image: which Python does {base.image} "
+                            f"carry? known Debian tags: {', '.join(DEBIAN_PYTHON)}")
         return DEBIAN_PYTHON[tag]
     m = re.fullmatch(r"python(3\.\d+)", base.python)
     if not m:
