@@ -43,14 +43,7 @@ def _pin_sentencepiece() -> str:
 
 def _sdist(dl: Path) -> Path:
     """The pinned sdist, checked by its sha256 (pip builds only its metadata; its build tools as wheels)."""
-    f = dl / f"llama_cpp_python-{llamacpp_build.VERSION}.tar.gz"
-    if not f.is_file():
-        dl.mkdir(parents=True, exist_ok=True)
-        req = dl / "req.txt"
-        req.write_text(f"llama-cpp-python=={llamacpp_build.VERSION} --hash=sha256:{llamacpp_build.SHA256}\n")
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "llama-cpp-python",
-                        "--require-hashes", "-r", str(req), "-d", str(dl)], check=True)
-    return llamacpp_build._sdist(dl)  # checks the sha256
+    return llamacpp_build._sdist(dl, no_binary="llama-cpp-python")
 
 
 def build_tools(work: Path, out: Path) -> None:

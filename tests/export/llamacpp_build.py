@@ -31,13 +31,14 @@ def _log(msg: str) -> None:
     print(f"[llama.cpp build] {msg}", file=sys.stderr, flush=True)
 
 
-def _sdist(dl: Path) -> Path:
+def _sdist(dl: Path, no_binary: str = ":all:") -> Path:
+    """The pinned sdist in `dl`, downloaded (pip's --no-binary `no_binary`) unless there, checked by its sha256."""
     f = dl / f"llama_cpp_python-{VERSION}.tar.gz"
     if not f.is_file():
         dl.mkdir(parents=True, exist_ok=True)
         req = dl / "req.txt"
         req.write_text(f"llama-cpp-python=={VERSION} --hash=sha256:{SHA256}\n")
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", no_binary,
                         "--require-hashes", "-r", str(req), "-d", str(dl)], check=True)
     digest = hashlib.sha256(f.read_bytes()).hexdigest()
     if digest != SHA256:
