@@ -21,12 +21,14 @@ pytestmark = pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_every_node_and_resume_works(hosts, clean, train_cfg, tmp_path):
     out = tmp_path / "out"
     cmd = ["--strategy", "ddp", "--nproc", "1", "--", "finetune", "--config", str(train_cfg),
-           "--set", f"output.dir={out}-{{node_rank}}", "--set", "train.max_steps=30", "--set", "output.save_steps=5"]
+           "--set", f"output.dir={out}-{{node_rank}}", "--set", "train.max_steps=5000", "--set", "output.save_steps=5"]
     proc = toolbox(hosts, "launch", *cmd, background=True)
     try:
         first = Path(f"{out}-0/checkpoints/checkpoint-5")
+        deadline = time.monotonic() + 240
         while not first.is_dir():  # a checkpoint to resume from: the run is in training
             assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         log, _ = proc.communicate(timeout=180)
@@ -39,6 +41,9 @@ def test_sigterm_to_the_launcher_stops_every_node_and_resume_works(hosts, clean,
     assert proc.returncode in (130, 143) and "cluster: interrupted; stopped" in log, (proc.returncode, log[-3000:])
     hint = re.search(r"cluster: to resume from the last checkpoint: (toolbox .*)", log)
     assert hint, log[-3000:]
-    argv = shlex.split(hint.group(1))
+    # 30 steps took 0.5 s in CI and finished before the signal arrived; 5000 cannot. The resumed
+    # run stops a few steps past its checkpoint (a later --set wins).
+    last = max(int(c.name.split("-")[1]) for c in Path(f"{out}-0/checkpoints").glob("checkpoint-*"))
+    argv = shlex.split(hint.group(1)) + ["--set", f"train.max_steps={last + 5}"]
     r = ck.run_line(hosts, argv[1:], timeout=300)
     assert r.returncode == 0 and "resuming from" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
