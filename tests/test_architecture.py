@@ -1,10 +1,11 @@
 """docs/architecture.md against the tree (issue 22): the page names what exists, and every
 package exists on the page.
 
-Checked facts: the package table (each package's row, its docstring's first sentence, the
-modules it names), the list of training modules the host imports, that the training package
-imports nothing of the host, and that every training console script ends in the one CLI guard.
-A failure prints the row or list the page should have.
+Checked facts: the package table (each package's row, its docstring's first sentence, exactly
+the modules it has), the boundaries the page states (each line against the import graph), the
+list of training modules the host imports, that the training package imports nothing of the
+host, and that every training console script ends in the one CLI guard. A failure prints the
+row or list the page should have. The layer order is tests/train/test_layers.py's.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ DOC = ROOT / "docs" / "architecture.md"
 PATH_OF = {"toolbox": "toolbox", "toolbox_train": "entrypoints/toolbox_train"}
 
 
-def section(title: str) -> str:
-    text = DOC.read_text(encoding="utf-8")
+def section(title: str, text: str | None = None) -> str:
+    text = DOC.read_text(encoding="utf-8") if text is None else text
     m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
     assert m, f"{DOC}: no section '## {title}'"
     return m.group(1)
@@ -67,10 +68,10 @@ def top_level_names(path: Path) -> set[str]:
     return names
 
 
-def table_rows() -> dict[str, tuple[str, list[str]]]:
+def table_rows(text: str | None = None) -> dict[str, tuple[str, list[str]]]:
     """{package: (summary, modules)} from the page's package table."""
     rows = {}
-    for line in section("Packages").splitlines():
+    for line in section("Packages", text).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
         if len(cells) == 3:
             pkg = cells[0].strip("`").rstrip("/")
@@ -97,18 +98,33 @@ def test_every_package_has_its_row_and_every_row_a_package():
                                       + f"\nrows naming no package: {gone}")
 
 
-def test_each_row_says_what_its_docstring_says_and_names_only_modules_that_exist():
+def wrong_rows(text: str | None = None) -> list[str]:
+    """The rows whose summary is not the docstring's or whose module list is not exactly the
+    package's, as they should read."""
     pkgs = packages()
     want = {row_key(n): n for n in pkgs}
     wrong = []
-    for key, (said, named) in table_rows().items():
+    for key, (said, named) in table_rows(text).items():
         if key not in want:
             continue  # the test above reports it
         folder = pkgs[want[key]]
-        have = own_modules(folder)
-        if said != summary(folder) or not set(named) <= set(have):
+        if said != summary(folder) or named != own_modules(folder):
             wrong.append(expected_row(want[key], folder))
+    return wrong
+
+
+def test_each_row_says_what_its_docstring_says_and_lists_exactly_its_modules():
+    wrong = wrong_rows()
     assert not wrong, "docs/architecture.md, ## Packages: rows as they should read:\n" + "\n".join(wrong)
+
+
+def test_a_false_module_list_is_found():
+    # A module left out, or one that does not exist, in one row: both reported.
+    text = DOC.read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| `entrypoints/toolbox_train/planning/` |"))
+    for bad in (row.replace("`memory`, ", ""), row.replace("`plan`", "`plan`, `checks`")):
+        assert bad != row
+        assert [r.split(" |")[0] for r in wrong_rows(text.replace(row, bad))] == ["| `entrypoints/toolbox_train/planning/`"]
 
 
 def test_the_page_names_only_modules_and_folders_that_exist():
@@ -136,7 +152,7 @@ def test_what_the_host_imports_from_the_training_package_is_what_the_page_lists(
 
 
 def guard_functions(cli: Path) -> set[str]:
-    """The functions of toolbox_train/cli.py that catch every exception (`except Exception`),
+    """The functions of toolbox_train/contract.py that catch every exception (`except Exception`),
     or call one that does: the guard, whatever its name."""
     funcs = {n.name: n for n in ast.parse(cli.read_text(encoding="utf-8")).body if isinstance(n, ast.FunctionDef)}
 
@@ -179,8 +195,8 @@ def script_mains() -> dict[str, tuple[str, ast.FunctionDef]]:
 
 
 def test_the_page_says_which_training_commands_return_through_the_one_guard():
-    guards = guard_functions(PACKAGES["toolbox_train"] / "cli.py")
-    assert guards, "toolbox_train/cli.py has no function that catches every exception"
+    guards = guard_functions(PACKAGES["toolbox_train"] / "contract.py")
+    assert guards, "toolbox_train/contract.py has no function that catches every exception"
     guarded = set()
     for name, (_module, main) in script_mains().items():
         called = {getattr(c.func, "id", getattr(c.func, "attr", None)) for c in ast.walk(main) if isinstance(c, ast.Call)}
@@ -194,3 +210,45 @@ def test_the_page_says_which_training_commands_return_through_the_one_guard():
     want_not = set(script_mains()) - guarded
     assert said["Guarded"] == guarded and said["Not yet guarded"] == want_not, (
         f"docs/architecture.md, ## Errors should say: - Guarded: {sorted(guarded)}; - Not yet guarded: {sorted(want_not)}")
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def false_boundaries(text: str | None = None) -> list[str]:
+    """The lines of ## Boundaries the import graph contradicts (or that state nothing checkable)."""
+    graph = import_graph(modules(PACKAGES))
+    wrong = []
+    for line in re.findall(r"^- (.+)$", section("Boundaries", text), re.M):
+        nothing = re.fullmatch(r"`([\w.]+)` imports nothing of `([\w.]+)`\.?", line)
+        only = re.fullmatch(r"of `([\w.]+)`, `([\w.]+)` imports only ((?:`[\w.]+`(?:, )?)+)(?: \(.*\))?\.?", line)
+        if nothing:
+            a, b = nothing.groups()
+            edges = sorted(f"{m} -> {t}" for m, ts in graph.items() if _under(m, a) for t in ts if _under(t, b))
+            if edges:
+                wrong.append(f"{line}  -- but {', '.join(edges)}")
+        elif only:
+            b, a, listed = only.groups()
+            said = set(re.findall(r"`([\w.]+)`", listed))
+            have = {t for m, ts in graph.items() if _under(m, a) for t in ts if _under(t, b)}
+            if said != have:
+                wrong.append(f"{line}  -- it imports {sorted(have)}")
+        else:
+            wrong.append(f"{line}  -- not a boundary the test can check")
+    return wrong
+
+
+def test_every_boundary_the_page_states_holds():
+    wrong = false_boundaries()
+    assert not wrong, "docs/architecture.md, ## Boundaries, contradicted by the import graph:\n" + "\n".join(wrong)
+
+
+def test_a_false_boundary_is_found():
+    text = DOC.read_text(encoding="utf-8")
+    false = text.replace("## Boundaries\n", "## Boundaries\n\n- `toolbox.stack` imports nothing of `toolbox.components`.\n"
+                         "- of `toolbox_train`, `toolbox.cluster` imports only `toolbox_train.safe_yaml`.\n"
+                         "- the stack is read once.\n", 1)
+    wrong = false_boundaries(false)
+    assert len(wrong) == 3 and "toolbox.stack.load -> toolbox.components" in wrong[0], wrong
+    assert "toolbox_train.config.rdma" in wrong[1] and "not a boundary" in wrong[2], wrong

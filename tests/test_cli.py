@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # finder refuses them. BLOCK_TRAIN=1 refuses toolbox_train's modules too, all but the torch-free
 # safe_yaml the host reads YAML with.
 BLOCKED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "matplotlib")
-ALLOWED = ("toolbox_train", "toolbox_train.safe_yaml", "toolbox_train.cli")
+ALLOWED = ("toolbox_train", "toolbox_train.safe_yaml", "toolbox_train.contract")
 BOOT = textwrap.dedent(f"""
     import os, sys
     class Block:

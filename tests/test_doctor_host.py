@@ -156,7 +156,7 @@ def test_device_access_names_the_group_to_join(tmp_path):
 
 
 def test_in_image_attention_kernels_check_on_gfx1151_only():
-    from toolbox_train.checks.doctor import AOTRITON_ENV, aotriton_check
+    from toolbox_train.commands.health import AOTRITON_ENV, aotriton_check
 
     assert aotriton_check("gfx1151", {AOTRITON_ENV: "1"}).status == "ok"
     for env in ({}, {AOTRITON_ENV: "0"}):

@@ -227,7 +227,7 @@ def test_state_lives_outside_the_package(monkeypatch, tmp_path):
 def test_first_use_pins_are_typed_updates_applied_without_reading_the_stack_again(tmp_path, server, user, monkeypatch):
     # One parse per build: the pins come back as (field path, value), and the loaded stack takes
     # them without its files, --set texts or patch series being read again.
-    from toolbox.stack import loader, resolved
+    from toolbox.stack import resolved, source as loader
     from toolbox.stack.load import load_stack, with_pins
 
     path = stack_file(tmp_path, server.url)

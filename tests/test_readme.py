@@ -27,8 +27,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"bash", "sh", "shell", "console"}
 MARK = re.compile(r"^<!--\s*readme-test:\s*not run:\s*(?P<why>\S.*?)\s*-->$")
 # Our console scripts, as `pip install -e .` makes them (the suite may run without that install).
-SCRIPTS = {"toolbox": "toolbox", "finetune": "toolbox_train.training.finetune", "launch": "toolbox_train.distributed.launch",
-           "bench": "toolbox_train.bench", "rccl-check": "toolbox_train.checks.rccl_check",
+SCRIPTS = {"toolbox": "toolbox", "finetune": "toolbox_train.commands.finetune", "launch": "toolbox_train.commands.launch",
+           "bench": "toolbox_train.bench", "rccl-check": "toolbox_train.commands.rccl_check",
            "export-model": "toolbox_train.export.model", "evaluate": "toolbox_train.export.evaluate"}
 
 
@@ -120,7 +120,7 @@ def parser_for(module: str, args: list[str]) -> argparse.ArgumentParser:
 
         return build_parser(args)
     if module == "toolbox_train.bench":
-        from toolbox_train.bench.cli import build_parser
+        from toolbox_train.bench.command import build_parser
 
         return build_parser()
     mod = __import__(module, fromlist=["build_parser"])
@@ -129,12 +129,12 @@ def parser_for(module: str, args: list[str]) -> argparse.ArgumentParser:
 
 def check_parses(module: str, args: list[str]) -> None:
     args = [a for a in args if a != "..."]  # "and the rest" in prose-like examples
-    if module == "toolbox_train.distributed.launch":
+    if module == "toolbox_train.commands.launch":
         assert "--" in args, f"launch without `-- finetune ...`: {args}"
         i = args.index("--")
         parse(module, args[:i])
         assert args[i + 1] == "finetune", args
-        return parse("toolbox_train.training.finetune", args[i + 2:])
+        return parse("toolbox_train.commands.finetune", args[i + 2:])
     if module == "toolbox" and args[:1] == ["run"] and "--" in args:
         parse(module, args[:args.index("--")])  # what follows `--` runs in the image
         rest = args[args.index("--") + 1:]
@@ -143,7 +143,7 @@ def check_parses(module: str, args: list[str]) -> None:
     if module == "toolbox" and args[:2] == ["cluster", "launch"] and "--" in args:
         parse(module, args)
         rest = args[args.index("--") + 1:]
-        return parse("toolbox_train.training.finetune", rest[1:]) if rest[:1] == ["finetune"] else None
+        return parse("toolbox_train.commands.finetune", rest[1:]) if rest[:1] == ["finetune"] else None
     parse(module, args)
 
 
@@ -281,7 +281,7 @@ def test_a_reader_that_left_gets_a_quiet_exit(args):
 
 def test_docs_name_the_checkpoint_staging_folder_the_code_uses():
     """Checkpoints are staged in `.partial-node<R>/` (one per node), not `.partial/`."""
-    from toolbox_train.training import checkpoints
+    from toolbox_train.runs import checkpoints
 
     trainer = (ROOT / "entrypoints" / "toolbox_train" / "training" / "trainer.py").read_text()
     assert "{checkpoints.PARTIAL}-node" in trainer, "the code changed: update this test and the docs"

@@ -7,7 +7,8 @@ import re
 import pytest
 import yaml
 
-from toolbox_train import cli as errors, safe_yaml
+from toolbox_train import contract as errors
+from toolbox_train import safe_yaml
 from toolbox_train.safe_yaml import SafeYamlError, load_file, load_text
 
 

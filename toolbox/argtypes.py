@@ -90,7 +90,7 @@ def http_url(text: str) -> str:
 
 
 def sync_mode(text: str) -> str:
-    """cluster --sync: what `launch --sync` takes (toolbox_train.distributed.sync), checked before
+    """cluster --sync: what `launch --sync` takes (toolbox_train.config.sync), checked before
     any host is asked rather than by every node's launch."""
     k = text.removeprefix("local-sgd:") if text.startswith("local-sgd:") else None
     if text != "every-step" and not (k and k.isdigit() and int(k) >= 1):

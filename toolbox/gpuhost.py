@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolbox_train.checks.doctor import Check
+from toolbox_train.commands.health import Check
 
 ROOT_ENV = "TOOLBOX_SYSFS_ROOT"  # the same variable the RDMA port choice reads its fake trees by
 

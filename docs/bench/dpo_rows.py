@@ -82,7 +82,7 @@ def one(out: Path, shape: str, path: str, objective: str = "dpo") -> dict:
                "lora": {"r": R, "alpha": 2 * R}, "train": {"max_steps": steps, "per_device_batch_size": BATCH,
                                                           "precision": "bf16", "lr_scheduler": "constant"},
                "output": {"dir": str(out / f"run-{shape}-{objective}-{path}"), "progress_bar": False}}
-        from toolbox_train.training import finetune
+        from toolbox_train.commands import finetune
 
         finetune.run(cfg, overwrite=True)
         # metrics.jsonl has each step's tokens and tokens/s since the previous log: the time of a

@@ -186,7 +186,7 @@ output: {dir: $W/run, save_steps: 0, logging_steps: 10, progress_bar: false}
 EOF
 echo "+ finetune --config train.yaml"; cat $W/train.yaml
 t=$(now)
-timeout $(left) $PY -m toolbox_train.training.finetune --config $W/train.yaml > $O/log-finetune.txt 2>&1
+timeout $(left) $PY -m toolbox_train.commands.finetune --config $W/train.yaml > $O/log-finetune.txt 2>&1
 rc=$?; stamp finetune $(since $t); echo "finetune rc $rc"; tail -3 $O/log-finetune.txt
 cp $W/run/summary.json $O/finetune-summary.json 2>/dev/null; cp $W/run/metrics.jsonl $O/ 2>/dev/null
 [ $rc = 0 ] || exit 1

@@ -94,7 +94,7 @@ def _data(path: Path, vocab: int, n: int = 256) -> Path:
 def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> dict:
     from toolbox_train.bench.shapes import LORA_TARGETS
     from toolbox_train.bench.synthetic import build_model_dir
-    from toolbox_train.training import finetune
+    from toolbox_train.commands import finetune
 
     model_dir = work / f"model-{shape}"
     if not model_dir.exists():

@@ -8,7 +8,7 @@ export PYTHONPATH=$R/.gpu/ep:/tmp/site
 date -u; O=/tmp/o; mkdir -p $O $OUT/c3; cd /tmp
 finish() { tar -C $O -czf $OUT/c3/probes.tgz . ; date -u; }
 trap finish EXIT
-p() { timeout ${T:-80} python3 -m toolbox_train.planning.calibration probe --shape qwen3-0.6b --warmup 6 --steps 20 \
+p() { timeout ${T:-80} python3 -m toolbox_train.bench.calibration probe --shape qwen3-0.6b --warmup 6 --steps 20 \
         --out $O --workdir /tmp/w "$@" > $O/log-$(echo "$@" | tr -c 'a-z0-9\n-' _).txt 2>&1; grep -h "memcal probe" $O/log-*.txt | tail -1 | cut -c1-140; }
 p --variant bare
 T=100 p --variant default --profile

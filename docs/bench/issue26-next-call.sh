@@ -51,7 +51,7 @@ if [ "$PART" = qwen3 ] || [ "$PART" = qwen3-head ]; then
 fi
 finish() { tar -C $O -czf $OUT/n/probes.tgz . ; date -u; }
 trap finish EXIT
-timeout 150 python3 -m toolbox_train.planning.calibration probe --shape qwen3-0.6b --variant default --warmup 6 \
+timeout 150 python3 -m toolbox_train.bench.calibration probe --shape qwen3-0.6b --variant default --warmup 6 \
   --steps 20 --profile --out $O --workdir /tmp/w > $O/log-probe.txt 2>&1; grep -h "memcal probe" $O/log-probe.txt | cut -c1-140
 timeout 420 python3 $R/docs/bench/issue26_rows.py $OUT/n 200 \
   'llama-1b/bare-unsloth-lora,llama-1b/finetune-unsloth-lora' \

@@ -8,7 +8,7 @@ cd /tmp
 date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 finish() { tar -C $O -czf $OUT/all.tgz . ; }
 trap finish EXIT
-p() { l=$O/log-$(echo "$@" | tr -c 'a-z0-9.\n-' _).txt; timeout ${T:-68} python3 -m toolbox_train.planning.calibration probe --warmup 5 --steps 20 --out $O --workdir $W "$@" > $l 2>&1; grep -h "memcal probe" $l | cut -c1-100; grep -h "Error" $l | tail -2; }
+p() { l=$O/log-$(echo "$@" | tr -c 'a-z0-9.\n-' _).txt; timeout ${T:-68} python3 -m toolbox_train.bench.calibration probe --warmup 5 --steps 20 --out $O --workdir $W "$@" > $l 2>&1; grep -h "memcal probe" $l | cut -c1-100; grep -h "Error" $l | tail -2; }
 T=80 p --shape qwen3-0.6b --variant bare
 p --shape qwen3-0.6b --variant default
 p --shape qwen3-0.6b --variant lean

@@ -25,12 +25,12 @@ def ray_cli(action):
         "--hosts", "node1,node2", "--via", "none", "--remote-path", VBIN, "--cpu", "--env", "PYTHONPATH",
         "--env", "OMP_NUM_THREADS", "--env", "HF_HUB_OFFLINE", "--ray-dir", RD]), cwd=ROOT, env=env, capture_output=True, text=True)
 def torchrun(c, *extra):
-    return [subprocess.Popen(nh.netns_argv(n, [PY, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--cpu",
+    return [subprocess.Popen(nh.netns_argv(n, [PY, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--cpu",
         "--nproc", "1", "--nnodes", "2", "--node-rank", str(i), "--master-addr", a.addr, "--master-port", "29533",
         "--", "finetune", "--config", str(c), *extra]), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i, n in enumerate((a, b))]
 def ray_launch(c, *extra):
-    return subprocess.Popen(nh.netns_argv(a, [PY, "-m", "toolbox_train.distributed.launch", "--engine", "ray", "--address",
+    return subprocess.Popen(nh.netns_argv(a, [PY, "-m", "toolbox_train.commands.launch", "--engine", "ray", "--address",
         f"{a.addr}:6379", "--nodes", "2", "--cpu", "--strategy", "ddp", "--max-restarts", "2", "--", "finetune", "--config",
         str(c), *extra]), env={**env, "RAY_AUTH_TOKEN_PATH": "/tmp/tbmeas-0/auth_token"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

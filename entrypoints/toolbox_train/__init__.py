@@ -2,13 +2,18 @@
 `rccl-check`.
 
 Kept apart from the `toolbox` package (the image builder) so the image needs nothing of the
-builder to train. One package a job:
-  cli.py        the one CLI contract of the training commands (errors, --debug, the guard)
-  files.py, safe_yaml.py   shared helpers (atomic writes; the bounded YAML reader the host uses too)
-  training/     config, data, models, trainer, checkpoints, run summary; `finetune`
-  planning/     input checks, memory arithmetic, decisions, calibration (no torch at import)
-  export/       `export-model`, `evaluate`, llama.cpp
-  distributed/  `launch`, rdma, sync
-  checks/       doctor, preflight, `rccl-check`
-  bench/        the benchmark harness, `bench`
+builder to train. Its folders are layers, each importing only from the ones listed above it
+(function-level imports count; tests/train/test_layers.py holds it):
+  contract.py, disk.py, guards.py, safe_yaml.py   the base: the one CLI contract (errors, --debug,
+                the guard), atomic writes, path checks, the bounded YAML reader
+  config/       train.yaml's schema and the settings read from the environment
+  data/         datasets: load, mix, detect the format, check every row
+  models/       model folders, LoRA targets, the memory arithmetic
+  runs/         the output folder: its files, checkpoints, resume
+  planning/     the checks and the resolved Plan, the memory plan, preflight (no torch at import)
+  training/     what every objective's trainer shares; model loading
+  objectives/   one `<name>_config.py` + `<name>_trainer.py` per objective, SFT included
+  export/       `export-model`, `evaluate`, llama.cpp, the model card
+  commands/     `finetune`, `launch` (and Ray Train), `rccl-check`, the in-image health check
+  bench/        the benchmark harness, `bench`, and the memory calibration
 """

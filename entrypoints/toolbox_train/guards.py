@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from .cli import UserError
+from toolbox_train.contract import UserError
 
 
 def _limit(name: str, default: int) -> int:

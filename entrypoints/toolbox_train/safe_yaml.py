@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from .cli import UserError
+from toolbox_train.contract import UserError
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 64

@@ -7,7 +7,7 @@ import pytest
 from toolbox_train import bench
 from toolbox_train.bench.measure import attn_implementation
 from toolbox_train.bench.shapes import layer_types
-from toolbox_train.planning.decisions import PUBLIC_SHAPES
+from toolbox_train.planning.memory import PUBLIC_SHAPES
 
 
 def test_gpt_oss_shape_is_the_20b_config_cut_to_4_layers():
@@ -71,8 +71,8 @@ def test_bare_hf_lora_adapts_what_finetunes_hf_lora_adapts(tmp_path):
 
     from toolbox_train.bench.measure import lora_config
     from toolbox_train.bench.shapes import LORA_TARGETS
-    from toolbox_train.training import finetune
-    from toolbox_train.training.lora import peft_config
+    from toolbox_train.commands import finetune
+    from toolbox_train.models.lora import peft_config
 
     assert not getattr(lora_config("tiny-llama"), "target_parameters", None)
     model_dir = bench.build_model_dir("tiny-gpt-oss", tmp_path / "m")

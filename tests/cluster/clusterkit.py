@@ -84,7 +84,7 @@ def worker_pids(cluster) -> dict[tuple[int, int], int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if "RANK" in env and b"toolbox_train.training.finetune" in cmd and b"accelerate" not in cmd:
+        if "RANK" in env and b"toolbox_train.commands.finetune" in cmd and b"accelerate" not in cmd:
             out[(int(env["TOOLBOX_NODE_RANK"]), int(env["RANK"]))] = pid
     return out
 

@@ -10,7 +10,7 @@ from helpers.fake_sysfs import add_port, irdma, mlx5
 from toolbox.cluster.app import rdma_report
 from toolbox.cluster.hosts import Host
 from toolbox.cluster.probe import PROBE_SCRIPT, parse_probe
-from toolbox_train.distributed import rdma
+from toolbox_train.config import rdma
 
 
 def probe(root, host: Host):

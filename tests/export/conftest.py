@@ -13,11 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llamacpp_build  # noqa: E402
 import vocab  # noqa: E402
+from exportkit import ARCH_VOCAB, CTX_LEN, finetune_run  # noqa: E402,F401
 
-# Which real vocabulary each architecture's tiny model gets (Gemma 3's own is SentencePiece and
-# not vendored; the converter takes any recognised BPE tokenizer for it).
-ARCH_VOCAB = {"llama": "llama-bpe", "qwen3": "qwen2", "gemma3": "llama-bpe"}
-CTX_LEN = 512
 
 
 @pytest.fixture(scope="session")
@@ -77,18 +74,6 @@ def real_vocab_model(vocab_tokenizer, tmp_path_factory):
     return get
 
 
-def finetune_run(model: Path, out: Path, method: str = "lora", steps: int = 6, **over) -> Path:
-    from helpers.tiny import train_config, write_dataset
-    from toolbox_train.training import finetune
-
-    data = write_dataset(out.parent / f"{out.name}-data.jsonl", "text", n=48)
-    cfg = train_config(model, data, out, **{"method": method, "lora.r": 4, "lora.alpha": 8,
-                                            "train.learning_rate": 2e-2, "train.max_steps": steps,
-                                            "data.max_seq_length": 64, **over})
-    finetune.run(cfg)
-    return out
-
-
 @pytest.fixture(scope="session")
 def real_vocab_run(real_vocab_model, tmp_path_factory):
     """`real_vocab_run("llama")` -> a LoRA run (a few steps, 10% held out) on the real-vocab model."""
@@ -101,9 +86,3 @@ def real_vocab_run(real_vocab_model, tmp_path_factory):
         return cache[arch]
 
     return get
-
-
-def heldout_text(n: int = 60, seed: int = 123) -> str:
-    from helpers.tiny import _sentences
-
-    return " ".join(_sentences(n, seed))

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import finetune_run
+from exportkit import finetune_run
 from toolbox_train.export import card
 from toolbox_train.export import model as export
 

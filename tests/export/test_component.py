@@ -6,7 +6,7 @@ import pytest
 
 from toolbox.errors import UserError
 from toolbox.stack.load import load_stack
-from toolbox_train.checks import doctor
+from toolbox_train.commands import health as doctor
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 import vocab
-from conftest import ARCH_VOCAB, CTX_LEN, heldout_text
+from exportkit import ARCH_VOCAB, CTX_LEN, heldout_text
 from toolbox_train.export import evaluate, llamacpp, model as export
 
 GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from safetensors import safe_open
 
-from conftest import finetune_run
+from exportkit import finetune_run
 from toolbox_train.export import model as export
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import finetune_run
+from exportkit import finetune_run
 from helpers.tiny import write_dataset
 from toolbox_train.export import evaluate, model as export
 
@@ -219,7 +219,7 @@ def test_a_full_disk_during_the_conversion_names_it_and_logs_the_converter(real_
     the log that holds the converter's own traceback."""
     from helpers.mounts import tmpfs
 
-    from toolbox_train.cli import ToolError
+    from toolbox_train.contract import ToolError
     from toolbox_train.export import llamacpp
 
     tools = llamacpp.Tools(tmp_path / "tools")

@@ -14,7 +14,7 @@ def _finetune(tmp_path, model, *extra, **over):
     data = write_dataset(tmp_path / "d.jsonl", "text", n=40)
     cfg = write_train_config(tmp_path / "train.yaml", model, data, tmp_path / "out",
                              **{"method": "lora", "data.eval_split": 0.2, "output.eval_steps": 2, **over})
-    return subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg), *extra],
+    return subprocess.run([sys.executable, "-m", "toolbox_train.commands.finetune", "--config", str(cfg), *extra],
                           capture_output=True, text=True, timeout=600)
 
 

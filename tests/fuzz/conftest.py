@@ -19,7 +19,7 @@ def _fail(line: str, exc: BaseException):
 @pytest.fixture(autouse=True)
 def no_internal_error(monkeypatch):
     import toolbox.cli as host
-    import toolbox_train.cli as train
+    import toolbox_train.contract as train
 
     def train_line(prog, exc, _line=train.internal_error_line):
         _fail(_line(prog, exc), exc)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from helpers.tiny import train_config, write_dataset
 from toolbox_train.export import evaluate, model as export
-from toolbox_train.training import finetune
+from toolbox_train.commands import finetune
 
 EXAMPLES = int(os.environ.get("TOOLBOX_FUZZ_EXPORT_EXAMPLES", "15"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

@@ -9,7 +9,7 @@ InternalError = AssertionError  # conftest.py's InternalError is one (not import
 
 
 def test_an_internal_error_of_a_training_command_fails_the_fuzz_test(monkeypatch):
-    from toolbox_train.training import finetune
+    from toolbox_train.commands import finetune
 
     def boom(*a, **kw):
         raise KeyError("a bug")
@@ -32,8 +32,8 @@ def test_an_internal_error_of_the_host_cli_fails_the_fuzz_test(monkeypatch):
 
 
 def test_faults_and_bad_input_still_pass_through(monkeypatch, capsys):
-    from toolbox_train.cli import UserError
-    from toolbox_train.training import finetune
+    from toolbox_train.contract import UserError
+    from toolbox_train.commands import finetune
 
     for exc, code in ((UserError("train.yaml:3: bad"), 2), (OSError(28, "No space left on device", "/x"), 1)):
         def fail(*a, _exc=exc, **kw):

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from helpers.tiny import train_config, write_dataset
-from toolbox_train.training import finetune
+from toolbox_train.commands import finetune
 
 EXAMPLES = int(os.environ.get("TOOLBOX_FUZZ_RESUME_EXAMPLES", "20"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

@@ -116,7 +116,8 @@ def step_syncs(cfg: dict, overrides=(), fused_head: bool = True) -> tuple[list[d
     from transformers import TrainerCallback
 
     from toolbox_train.bench.host import torch_fused_head
-    from toolbox_train.training import finetune, trainer
+    from toolbox_train.commands import finetune
+    from toolbox_train.objectives import sft_trainer
 
     counter = SyncCounter()
     steps: list[dict] = []
@@ -133,19 +134,19 @@ def step_syncs(cfg: dict, overrides=(), fused_head: bool = True) -> tuple[list[d
         def on_train_end(self, args, state, control, **kw):
             counter.sink = None
 
-    orig = trainer.Trainer.get_batch_samples
+    orig = sft_trainer.ToolboxSFTTrainer.get_batch_samples
 
     def get_batch_samples(self, *a, **kw):
         steps.append({"step": None, "log": False, "syncs": []})
         counter.sink = steps[-1]["syncs"]
         return orig(self, *a, **kw)
 
-    trainer.Trainer.get_batch_samples = get_batch_samples
+    sft_trainer.ToolboxSFTTrainer.get_batch_samples = get_batch_samples
     try:
         with torch_fused_head() if fused_head else contextlib.nullcontext(), _python_reads(counter), counter:
             summary = finetune.run(cfg, overrides=list(overrides), overwrite=True, callbacks=[Marks()])
     finally:
-        trainer.Trainer.get_batch_samples = orig
+        sft_trainer.ToolboxSFTTrainer.get_batch_samples = orig
         counter.sink = None
     return [s for s in steps if s["step"] is not None], summary
 

@@ -32,7 +32,7 @@ if os.environ.get("TOOLBOX_NODE_RANK") == "1":
 
     class _Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name != "toolbox_train.training.checkpoints" or not os.path.exists(_TRIGGER):
+            if name != "toolbox_train.runs.checkpoints" or not os.path.exists(_TRIGGER):
                 return None
             sys.meta_path.remove(self)
             spec = importlib.util.find_spec(name)
@@ -104,7 +104,7 @@ class RayCluster:
     def launch(self, *args: str, env: dict | None = None, timeout: float = 600,
                background: bool = False):
         """`launch ARGS` on the head's namespace (the driver runs on a node of the cluster)."""
-        argv = nh.netns_argv(self.hosts.nodes[0], [sys.executable, "-m", "toolbox_train.distributed.launch", *args])
+        argv = nh.netns_argv(self.hosts.nodes[0], [sys.executable, "-m", "toolbox_train.commands.launch", *args])
         full = {**os.environ, "PYTHONPATH": str(ROOT / "entrypoints"), "OMP_NUM_THREADS": "1",
                 "RAY_AUTH_TOKEN_PATH": str(self.token_path), **(env or {})}
         for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "RANK", "WORLD_SIZE", "LOCAL_RANK"):

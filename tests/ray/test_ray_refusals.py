@@ -64,14 +64,14 @@ def test_token_missing_on_the_driver(ray_cluster, cfg, tmp_path):
 
 
 def test_flags_of_the_other_engine(ray_cluster, cfg):
-    from toolbox_train.distributed import launch
+    from toolbox_train.commands import launch
 
     for argv, needle in ((["--address", "10.0.0.1:6379"], "--address: only with --engine ray"),
                          (["--engine", "ray"], "--engine ray needs --address"),
                          (["--engine", "ray", "--address", "nowhere"], "expected HOST:PORT"),
                          (["--engine", "ray", "--address", "10.0.0.1:6379", "--master-port", "29500"],
                           "--master-port: not used with --engine ray")):
-        r = subprocess.run([sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--cpu",
+        r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--cpu",
                             *argv, "--", "finetune", "--config", str(cfg)], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": str(Path(launch.__file__).parents[2])}, timeout=120)
         _refused(r, needle)

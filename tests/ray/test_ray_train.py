@@ -50,7 +50,7 @@ def torchrun_run(tmp_path_factory, tiny_model):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "entrypoints"), "OMP_NUM_THREADS": "1"}
     for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
-    r = subprocess.run([sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--nproc",
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--nproc",
                         "2", "--cpu", "--", "finetune", "--config", str(cfg)], env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -109,7 +109,7 @@ def test_resume_across_engines(ray_cluster, torchrun_run, tiny_model, tmp_path):
     r = _ray(ray_cluster, cfg, env={"TOOLBOX_STOP_AFTER_STEP": "6"})
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "entrypoints"), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--nproc",
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--nproc",
                         "2", "--cpu", "--", "finetune", "--config", str(cfg), "--resume"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]

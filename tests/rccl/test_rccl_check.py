@@ -27,7 +27,7 @@ def rccl_check(*args: str, env_extra: dict | None = None, timeout: float = 240) 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = os.pathsep.join([str(ENTRY)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "toolbox_train.checks.rccl_check", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "toolbox_train.commands.rccl_check", *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -80,7 +80,7 @@ def test_runs_under_torchrun(tmp_path):
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(ENTRY), "GLOO_SOCKET_IFNAME": "lo"}
     r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2",
-                        "-m", "toolbox_train.checks.rccl_check", "--cpu", "--sizes", "64K", "--ops", "reduce_scatter",
+                        "-m", "toolbox_train.commands.rccl_check", "--cpu", "--sizes", "64K", "--ops", "reduce_scatter",
                         "--iters", "1", "--timeout", "120"], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "world_size=2" in r.stdout and "all 1 results correct" in r.stdout

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers.tiny import write_dataset, write_train_config
-from toolbox_train.distributed import launch
-from toolbox_train.training import finetune
+from toolbox_train.commands import launch
+from toolbox_train.commands import finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +136,7 @@ def test_console_script_exit_code(setup):
     tmp, model, data, out = setup
     cfg = write_train_config(tmp / "t.yaml", model, data, out, **{"train.learning_rat": 1})
     exe = Path(sys.executable).with_name("finetune")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.training.finetune"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.commands.finetune"]
     r = subprocess.run([*cmd, "--config", str(cfg)], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT / "entrypoints")})
     assert r.returncode == 2, r.stderr
@@ -155,7 +155,7 @@ def test_unknown_optimizer_or_scheduler(setup, capsys):
 def test_output_dir_that_cannot_be_written_is_refused_before_the_model_loads(setup, capsys, monkeypatch):
     from helpers.mounts import read_only, tmpfs
 
-    from toolbox_train.training import models
+    from toolbox_train.training import loading as models
 
     tmp, model, data, out = setup
 
@@ -179,7 +179,7 @@ def test_output_dir_that_cannot_be_written_is_refused_before_the_model_loads(set
         for flag in ("--overwrite", "--resume"):
             _check(capsys, ["--config", str(cfg), flag], f"output.dir: {ro / 'old'}: {ro / 'old'} is on a read-only "
                    "file system", ro)
-        r = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg), "--overwrite"],
+        r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.finetune", "--config", str(cfg), "--overwrite"],
                            capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "read-only file system" in r.stderr, r.stderr

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from helpers.tiny import train_config, write_dataset, write_train_config
-from toolbox_train.training import checkpoints, finetune
+from toolbox_train.runs import checkpoints
+from toolbox_train.commands import finetune
 
 NO_OUTPUT = "nothing may be written"
 
@@ -167,7 +168,7 @@ def test_resume_skips_a_checkpoint_with_any_truncated_file(tmp_path, tiny_model,
 
 
 def test_launch_refuses_bad_data_before_any_rank_or_file(setup, capsys):
-    from toolbox_train.distributed import launch
+    from toolbox_train.commands import launch
 
     tmp, model, data, out = setup
     bad = _jsonl(tmp / "bad.jsonl", [{"text": "fine"}, {"txt": "typo"}])

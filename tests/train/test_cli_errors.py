@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from toolbox_train.export import evaluate, model as export_model
-from toolbox_train.training import finetune
+from toolbox_train.commands import finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-CLIS = {"finetune": "toolbox_train.training.finetune", "launch": "toolbox_train.distributed.launch", "bench": "toolbox_train.bench",
-        "rccl-check": "toolbox_train.checks.rccl_check", "export-model": "toolbox_train.export.model",
+CLIS = {"finetune": "toolbox_train.commands.finetune", "launch": "toolbox_train.commands.launch", "bench": "toolbox_train.bench",
+        "rccl-check": "toolbox_train.commands.rccl_check", "export-model": "toolbox_train.export.model",
         "evaluate": "toolbox_train.export.evaluate"}
 
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from helpers.tiny import train_config, write_dataset
-from toolbox_train.training.config import load_config
-from toolbox_train.training.data import load_datasets
-from toolbox_train.cli import UserError
+from toolbox_train.config.schema import load_config
+from toolbox_train.data.dataset import load_datasets
+from toolbox_train.contract import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,11 +12,11 @@ import yaml
 from transformers import AutoTokenizer, TrainerCallback
 
 from helpers.tiny import PLAIN_CHAT_TEMPLATE, train_config, write_dataset
-from toolbox_train.checks import preflight
-from toolbox_train.cli import UserError
-from toolbox_train.training import finetune
-from toolbox_train.training.config import load_config
-from toolbox_train.training.data import load_datasets
+from toolbox_train.planning import preflight
+from toolbox_train.contract import UserError
+from toolbox_train.commands import finetune
+from toolbox_train.config.schema import load_config
+from toolbox_train.data.dataset import load_datasets
 
 NO_OUTPUT = "nothing may be written"
 

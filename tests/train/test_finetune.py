@@ -9,7 +9,7 @@ import yaml
 from safetensors import safe_open
 
 from helpers.tiny import train_config, write_dataset
-from toolbox_train.training import finetune
+from toolbox_train.commands import finetune
 
 
 def _metrics(out):

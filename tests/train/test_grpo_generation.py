@@ -14,10 +14,10 @@ from packaging.version import Version
 from helpers import pref
 from helpers.tiny import write_train_config
 from test_objectives_data import NO_OUTPUT, _refused
-from toolbox_train.planning.checks import pick_backend
-from toolbox_train.training import finetune
-from toolbox_train.training.config import TrainConfig
-from toolbox_train.training.objectives import generation
+from toolbox_train.planning.plan import pick_backend
+from toolbox_train.commands import finetune
+from toolbox_train.config.schema import TrainConfig
+from toolbox_train.planning import generation
 
 GRPO = {"objective": "grpo", "grpo.num_generations": 4, "train.per_device_batch_size": 4,
         "grpo.rewards": [{"function": "length", "max_chars": 9}], "grpo.generation": "vllm-colocate"}

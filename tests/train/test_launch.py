@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from helpers.tiny import write_dataset, write_train_config
-from toolbox_train.distributed import launch
+from toolbox_train.commands import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 def _launch_cmd():
     exe = Path(sys.executable).with_name("launch")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.distributed.launch"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "toolbox_train.commands.launch"]
 
 
 def _env():
@@ -218,7 +218,7 @@ def test_ray_workers_get_the_fsdp2_settings_torchrun_ranks_get(tmp_path, tiny_mo
     """launch --engine ray hands each Ray worker the environment `accelerate launch` gives a rank
     (accelerate's own prepare_multi_gpu_env over the node's accelerate config): for FSDP2, the
     plugin settings transformers' Accelerator reads; torchrun's rendezvous left to Ray."""
-    from toolbox_train.distributed.ray_engine import accelerate_env
+    from toolbox_train.commands.ray_train import accelerate_env
 
     out = tmp_path / "out"
     cfg = _cfg(tmp_path, tiny_models("qwen3"), out, **{"train.batch_size": 16})

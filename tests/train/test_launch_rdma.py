@@ -27,7 +27,7 @@ def dry_run(tmp_path, tiny_model, **env_over):
     cfg = write_train_config(tmp_path / "train.yaml", tiny_model, data, out, **{"train.max_steps": 2})
     env = {k: v for k, v in os.environ.items() if k not in KEYS}
     env.update(PYTHONPATH=str(ROOT / "entrypoints"), **env_over)
-    r = subprocess.run([sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--cpu", "--nproc", "1",
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--cpu", "--nproc", "1",
                         "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", "29511",
                         "--transport", "rdma", "--dry-run", "--", "finetune", "--config", str(cfg)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -8,7 +8,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from toolbox_train import bench
-from toolbox_train.planning import arithmetic as M, decisions as P
+from toolbox_train.models import arithmetic as M
+from toolbox_train.planning import memory as P
 
 TINY = ["tiny-llama", "tiny-qwen3", "tiny-gemma3"]
 
@@ -148,7 +149,7 @@ def test_planner_within_15_percent_of_the_h200_measurements():
     import json
     from pathlib import Path
 
-    from toolbox_train.planning import calibration as memcal
+    from toolbox_train.bench import calibration
 
     data = json.loads((Path(__file__).resolve().parents[2] / "docs/bench/memplan-h200.json").read_text())
     rows = [r for r in data["rows"] if r.get("measured_gib")]
@@ -157,7 +158,7 @@ def test_planner_within_15_percent_of_the_h200_measurements():
     assert {str(r["gc"]) for r in rows} >= {"True", "False", "unsloth"} and len({r["seq"] for r in rows}) >= 2
     for r in rows:
         shape = M.Shape.from_config(bench.SHAPES[r["shape"]], r["shape"])
-        est = M.estimate(shape, memcal.setting_for(r["backend"], r["method"], r["gc"], r["batch"], r["seq"]))
+        est = M.estimate(shape, calibration.setting_for(r["backend"], r["method"], r["gc"], r["batch"], r["seq"]))
         assert abs(est.peak_gib / r["measured_gib"] - 1) <= 0.15, (r["id"], est.peak_gib, r["measured_gib"])
 
 
@@ -193,7 +194,7 @@ def _tiny_run(tmp_path, **train):
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(cfg))
 
-    def run(*args, mod="toolbox_train.training.finetune"):
+    def run(*args, mod="toolbox_train.commands.finetune"):
         return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True, timeout=600)
     return path, run
 
@@ -226,7 +227,7 @@ def test_finetune_plan_refusal_and_resolved_checkpointing(tmp_path):
 def test_launch_plan_prints_per_device_and_starts_nothing(tmp_path):
     cfg, run = _tiny_run(tmp_path)
     out = run("--strategy", "ddp", "--cpu", "--nproc", "2", "--", "finetune", "--config", str(cfg), "--plan",
-              "--device-memory", "8GiB", mod="toolbox_train.distributed.launch")
+              "--device-memory", "8GiB", mod="toolbox_train.commands.launch")
     assert out.returncode == 0, out.stderr
     assert "ddp x2" in out.stdout and not (tmp_path / "out").exists()
 
@@ -249,7 +250,7 @@ def _shape_only(tmp_path, shape: str, **cfg_over):
 
 
 def test_plan_for_the_target_machine_not_this_one(tmp_path):
-    """issue 26: on this CPU host, `--plan --target/--device-memory` plans the GPU run as it will run there:
+    """issue 26: on this CPU host, `--plan --machine/--device-memory` plans the GPU run as it will run there:
     Liger and TRL's fused head (not fp32 logits), bf16, Unsloth accepted although not installed here."""
     import subprocess
     import sys
@@ -257,31 +258,31 @@ def test_plan_for_the_target_machine_not_this_one(tmp_path):
     cfg = _shape_only(tmp_path, "llama-1b")
 
     def plan(*args):
-        r = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg), "--plan",
+        r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.finetune", "--config", str(cfg), "--plan",
                             *args], capture_output=True, text=True, timeout=300)
         assert "Traceback" not in r.stderr
         return r
 
     here = plan()  # this machine: a CPU, no device memory known
     assert here.returncode == 0 and "full hf no ckpt b8 s2048 | 4.6" in here.stdout  # fp32, the full logits
-    h200 = plan("--target", "h200")
+    h200 = plan("--machine", "h200")
     assert h200.returncode == 0, h200.stderr
     assert "planned for h200 (139 GiB): backend hf, liger True, precision bf16" in h200.stdout
     picked = [ln for ln in h200.stdout.splitlines() if ln.endswith("| <- |")]
     assert len(picked) == 1 and "full liger no ckpt b8 s2048" in picked[0]
     assert 25 < float(picked[0].split("|")[5]) < 31  # measured on the H200: 27.5 GiB (docs/benchmarks.md)
     assert plan("--device-memory", "139GiB").stdout.count("liger no ckpt b8") == 1  # the same, unnamed
-    strix = plan("--target", "strix-halo", "--set", "backend=unsloth", "--set", "method=lora")
+    strix = plan("--machine", "strix-halo", "--set", "backend=unsloth", "--set", "method=lora")
     assert strix.returncode == 0, strix.stderr  # refused here before: unsloth is not installed on this host
     assert "strix-halo (128 GiB, unified memory): backend unsloth" in strix.stdout and "unsloth offloaded ckpt" in strix.stdout
     # the speed pick: the largest batch without checkpointing within the margin, at most 32k tokens a micro-batch
-    auto = plan("--target", "h200", "--set", "train.per_device_batch_size=auto")
+    auto = plan("--machine", "h200", "--set", "train.per_device_batch_size=auto")
     assert "train.per_device_batch_size: auto -> 16 (" in auto.stdout and "| full liger no ckpt b16 s2048 |" in auto.stdout
     small = plan("--device-memory", "12GiB", "--set", "train.per_device_batch_size=auto")
     assert "auto -> 2 (" in small.stdout and "with checkpointing True" in small.stdout
-    split = plan("--target", "h200", "--set", "train.per_device_batch_size=auto", "--set", "train.batch_size=24")
+    split = plan("--machine", "h200", "--set", "train.per_device_batch_size=auto", "--set", "train.batch_size=24")
     assert "auto -> 8 (" in split.stdout  # a divisor of the global batch
-    bad = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg),
+    bad = subprocess.run([sys.executable, "-m", "toolbox_train.commands.finetune", "--config", str(cfg),
                           "--target", "h200"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--target: only with --plan" in bad.stderr and not (tmp_path / "out").exists()
 
@@ -297,7 +298,7 @@ def test_preference_plan_within_15_percent_of_the_measured_rows():
     import json
     from pathlib import Path
 
-    from toolbox_train.training.config import load_config
+    from toolbox_train.config.schema import load_config
 
     root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("dpo_rows", root / "docs/bench/dpo_rows.py")

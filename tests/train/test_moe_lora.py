@@ -16,8 +16,8 @@ from transformers import TrainerCallback
 from helpers.tiny import train_config
 from toolbox_train import bench
 from toolbox_train.export import model as export
-from toolbox_train.planning import arithmetic as M
-from toolbox_train.training import finetune
+from toolbox_train.models import arithmetic as M
+from toolbox_train.commands import finetune
 
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
@@ -71,7 +71,7 @@ def test_planner_counts_expert_adapters(targets):
 
 def test_planner_20b_counts_experts():
     """GPT-OSS-20B: ~7.4M expert adapter parameters per layer at r 16, on top of attention's."""
-    from toolbox_train.planning.decisions import PUBLIC_SHAPES
+    from toolbox_train.planning.memory import PUBLIC_SHAPES
 
     s = M.Shape.from_config(PUBLIC_SHAPES["gpt-oss-20b"])
     attn = s.lora_params(16, ["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -148,7 +148,7 @@ def test_dense_config_unchanged(tmp_path):
     """A dense model: no target_parameters in the PEFT config, no note, no resolved key."""
     from types import SimpleNamespace
 
-    from toolbox_train.training.lora import lora_target_parameters, peft_config
+    from toolbox_train.models.lora import lora_target_parameters, peft_config
 
     cfg = SimpleNamespace(lora=SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules="all-linear"),
                           method="lora")
@@ -190,8 +190,8 @@ def test_merged_export_of_expert_adapters(moe_run, gpt_oss, tmp_path):
 
 def test_resume_check_sees_expert_adapters(moe_run):
     """resume's meta-device PEFT model has the same adapter tensors as the run saved, experts included."""
-    from toolbox_train.planning.checks import plan
-    from toolbox_train.training import resume
+    from toolbox_train.planning.plan import plan
+    from toolbox_train.runs import resume
 
     out, _, _ = moe_run
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
@@ -243,7 +243,7 @@ def test_peft_converted_experts_whole_pair_trains_them(qwen3_moe, tmp_path):
 def test_plan_counts_the_adapter_peft_builds_for_converted_experts(qwen3_moe, targets, tmp_path):
     """The memory plan's adapter is the one PEFT builds (experts at rank 2r for gate_up, the router with
     all-linear), not the arithmetic's attention-only count: equal to the trainable parameters of the run."""
-    from toolbox_train.planning import checks
+    from toolbox_train.planning import plan as checks
 
     data = bench.write_text_dataset(tmp_path / "d.jsonl", 8, 20, 500)
     cfg = tmp_path / "train.yaml"

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from helpers import pref
 from helpers.tiny import train_config
 from toolbox_train.export import model as export_model
-from toolbox_train.training import finetune
+from toolbox_train.commands import finetune
 
 KIND = {"dpo": "preference", "orpo": "implicit", "kto": "unpaired", "grpo": "prompt"}
 
@@ -63,7 +63,7 @@ def test_dpo_loss_equals_trl_dpotrainer_run_directly(tmp_path, tiny_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from toolbox_train.training.objectives import logprob
+    from toolbox_train.objectives import logprob
 
     over = {"train.max_steps": 3, "dpo.beta": 0.2, "dpo.loss_type": "ipo", "train.seed": 3}
     finetune.run(_cfg(tmp_path, tiny_model, "dpo", "full", **over))
@@ -166,7 +166,7 @@ def test_the_plan_counts_the_reference_copy_of_full_fine_tuning(tmp_path, tiny_m
 
 
 def test_builtin_rewards():
-    from toolbox_train.training.objectives.rewards import format_reward, length_penalty
+    from toolbox_train.planning.rewards import format_reward, length_penalty
 
     fmt = format_reward(r"^<answer>\d+</answer>$")
     assert fmt(["<answer>42</answer>", "42", [{"role": "assistant", "content": "<answer>7</answer>"}]]) == [1, 0, 1]
@@ -184,8 +184,8 @@ def test_dpo_on_the_unsloth_path_uses_the_adapter_disabled_base(tmp_path, tiny_m
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from toolbox_train.training import models
-    from toolbox_train.training.objectives import trainers
+    from toolbox_train.training import loading as models
+    from toolbox_train import objectives
     from toolbox_train.training.trainer import Metrics
 
     class Fast:
@@ -209,7 +209,7 @@ def test_dpo_on_the_unsloth_path_uses_the_adapter_disabled_base(tmp_path, tiny_m
     model, tok, peft_cfg = models.load(p, finetune.Dist())
     assert peft_cfg is None and isinstance(model, PeftModel)
     summary: dict = {}
-    tr = trainers.build(p, finetune.Dist(), model, tok, None, train, None, [Metrics(p.out / "m.jsonl", summary)])
+    tr = objectives.build(p, finetune.Dist(), model, tok, None, train, None, [Metrics(p.out / "m.jsonl", summary)])
     assert tr.ref_model is None and type(tr).__name__ == "ToolboxDPOTrainer"
     tr.train()
     assert summary["steps"] == 2
@@ -230,7 +230,7 @@ def test_dpo_under_ddp_two_cpu_ranks_ends_with_one_set_of_weights(tmp_path, tiny
     env = {**os.environ, "PYTHONPATH": str(root / "entrypoints"), "OMP_NUM_THREADS": "1"}
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         env.pop(k, None)
-    r = subprocess.run([sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--nproc",
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--nproc",
                         "2", "--cpu", "--", "finetune", "--config", str(cfg), "--json"],
                        capture_output=True, text=True, timeout=400, env=env)
     assert r.returncode == 0, r.stderr[-4000:]

@@ -10,8 +10,8 @@ import pytest
 
 from helpers import pref
 from helpers.tiny import write_train_config
-from toolbox_train.training import finetune
-from toolbox_train.training.objectives import pref_rows
+from toolbox_train.commands import finetune
+from toolbox_train.data import pref_rows
 
 NO_OUTPUT = "nothing may be written"
 
@@ -135,7 +135,7 @@ def test_liger_is_for_sft_only(tmp_path, tiny_model, capsys):
 
 
 def test_launch_refuses_bad_preference_data_and_rewards_before_any_rank(tmp_path, tiny_model, capsys):
-    from toolbox_train.distributed import launch
+    from toolbox_train.commands import launch
 
     out = tmp_path / "out"
     rows = pref.rows("preference", 4)
@@ -180,8 +180,8 @@ def test_backend_auto_takes_the_faster_measured_path_for_dpo(monkeypatch):
     import sys
     import types
 
-    from toolbox_train.planning.checks import pick_backend
-    from toolbox_train.training.config import TrainConfig
+    from toolbox_train.planning.plan import pick_backend
+    from toolbox_train.config.schema import TrainConfig
 
     fake = types.ModuleType("unsloth")
     fake.__spec__ = importlib.machinery.ModuleSpec("unsloth", None)

@@ -12,7 +12,8 @@ import yaml
 
 from helpers import pref
 from helpers.tiny import train_config
-from toolbox_train.training import checkpoints, finetune
+from toolbox_train.runs import checkpoints
+from toolbox_train.commands import finetune
 
 GRPO = {"objective": "grpo", "method": "full", "train.per_device_batch_size": 4, "grpo.num_generations": 2,
         "grpo.max_completion_length": 4, "data.max_seq_length": 48, "train.max_steps": 2}
@@ -109,7 +110,7 @@ def test_a_reward_function_that_fails_on_real_rows_is_refused_before_the_model(t
 def test_eval_rows_are_tried_too_and_launch_refuses_before_any_rank(tmp_path, tiny_model, capsys):
     """data.eval_path's rows may lack a column the training rows have: named before the model loads;
     launch runs the same trial before it starts a rank."""
-    from toolbox_train.distributed import launch
+    from toolbox_train.commands import launch
 
     _answers(tmp_path / "g.jsonl")
     evald = pref.write(tmp_path / "e.jsonl", "prompt", 4)  # no answer column
@@ -189,8 +190,8 @@ def test_the_trial_call_passes_what_trl_passes(tiny_model):
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from toolbox_train.training.config import TrainConfig
-    from toolbox_train.training.objectives import rewards
+    from toolbox_train.config.schema import TrainConfig
+    from toolbox_train.planning import rewards
 
     got = {}
 

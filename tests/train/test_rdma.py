@@ -1,4 +1,4 @@
-"""toolbox_train.distributed.rdma: which RDMA port and GID entry a node uses, read from a fake sysfs tree,
+"""toolbox_train.config.rdma: which RDMA port and GID entry a node uses, read from a fake sysfs tree,
 the same through the remote shell probe, and the per-GPU settings with their reasons."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import subprocess
 
 from helpers.fake_sysfs import add_port, irdma, mlx5
-from toolbox_train.distributed import rdma
+from toolbox_train.config import rdma
 
 
 def test_python_reader_and_shell_probe_agree(tmp_path):

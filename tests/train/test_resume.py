@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from helpers.tiny import train_config, write_dataset
-from toolbox_train.training import checkpoints, finetune
+from toolbox_train.runs import checkpoints
+from toolbox_train.commands import finetune
 
 STEPS, STOP = 7, 4
 

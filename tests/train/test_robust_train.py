@@ -17,7 +17,8 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers.tiny import train_config, write_dataset, write_train_config
-from toolbox_train.training import checkpoints, finetune
+from toolbox_train.runs import checkpoints
+from toolbox_train.commands import finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -196,7 +197,7 @@ def test_sigterm_stops_saying_so_and_resumes_to_the_same_weights(tmp_path, tiny_
     over = {"train.max_steps": 6, "output.save_steps": 2, "train.lr_scheduler": "cosine"}
     ref_cfg = write_train_config(tmp_path / "ref.yaml", tiny_model, data, tmp_path / "ref", **over)
     cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, tmp_path / "cut", **over)
-    cmd = [sys.executable, "-m", "toolbox_train.training.finetune", "--config"]
+    cmd = [sys.executable, "-m", "toolbox_train.commands.finetune", "--config"]
     assert subprocess.run(cmd + [str(ref_cfg)], env=ENV, capture_output=True, timeout=600).returncode == 0
     # Test hook: the process sends itself SIGTERM (as podman stop would) at the end of step 3.
     r = subprocess.run(cmd + [str(cfg)], env={**ENV, "TOOLBOX_TEST_SIGNAL_AFTER_STEP": "3"},
@@ -217,7 +218,7 @@ def test_launch_passes_sigterm_on_to_the_ranks_and_the_run_resumes(tmp_path, tin
     out = tmp_path / "out"
     cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out,
                              **{"train.max_steps": 6, "output.save_steps": 2})
-    cmd = [sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", "ddp", "--nproc", "1", "--cpu",
+    cmd = [sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--nproc", "1", "--cpu",
            "--", "finetune", "--config", str(cfg)]
     env = {**ENV, "OMP_NUM_THREADS": "1"}
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):

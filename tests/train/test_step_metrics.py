@@ -30,7 +30,7 @@ class TorchChunkedLogProb:
 
 
 def _run(tmp_path, model, data, mode, callbacks):
-    from toolbox_train.training import finetune
+    from toolbox_train.commands import finetune
 
     cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 48},
            "method": "lora", "backend": "hf",
@@ -93,7 +93,7 @@ def test_loss_step_metrics_compute_no_entropy_or_accuracy(tmp_path, monkeypatch)
     from transformers import TrainerCallback
 
     from toolbox_train.training import trainer
-    from toolbox_train.training.config import OutputCfg
+    from toolbox_train.config.schema import OutputCfg
 
     assert OutputCfg(dir=str(tmp_path)).step_metrics == "loss"
     calls = []
@@ -121,7 +121,7 @@ def test_loss_step_metrics_compute_no_entropy_or_accuracy(tmp_path, monkeypatch)
         def on_log(self, args, state, control, logs=None, **kw):
             self.logs.append(dict(logs))
 
-    from toolbox_train.training import finetune
+    from toolbox_train.commands import finetune
 
     got = {}
     for mode in ("loss", "deferred"):
@@ -172,7 +172,9 @@ def test_liger_head_gives_trl_heads_loss(tmp_path, monkeypatch):
     import torch
     import trl.trainer.utils as trl_utils
 
-    from toolbox_train.training import finetune, step_metrics, trainer
+    from toolbox_train.commands import finetune
+    from toolbox_train.training import step_metrics
+    from toolbox_train.training import trainer
 
     flce_calls = []
 
@@ -212,7 +214,7 @@ def test_lm_head_kernel_resolves_and_refuses(tmp_path):
 
     import yaml
 
-    from toolbox_train.training.config import load_config
+    from toolbox_train.config.schema import load_config
     from toolbox_train.training.step_metrics import DeferredStepMetrics
 
     def resolved(method, liger, kernel="auto"):
@@ -229,7 +231,7 @@ def test_lm_head_kernel_resolves_and_refuses(tmp_path):
     cfg.write_text(yaml.safe_dump({"model": {"path": str(model)}, "data": {"path": str(data), "format": "text"},
                                    "method": "lora", "backend": "hf", "train": {"lm_head_kernel": "liger"},
                                    "output": {"dir": str(tmp_path / "out")}}))
-    r = subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.finetune", "--config", str(cfg)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "train.lm_head_kernel: liger" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from helpers.tiny import train_config, write_dataset
-from toolbox_train.cli import UserError
-from toolbox_train.training import finetune, tracking
+from toolbox_train.contract import UserError
+from toolbox_train.commands import finetune
+from toolbox_train.config import tracking
 
 ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR",
        "WANDB_ENTITY", "TRACKIO_DIR", "TENSORBOARD_LOGGING_DIR")
@@ -74,7 +75,7 @@ def test_mlflow_wandb_trackio_hold_the_loss_of_metrics_jsonl(tmp_path, tiny_mode
         "output.trackio": {"project": "proj-t"}})))
     # the finetune command, as a user runs it: a process of its own (trackio reads TRACKIO_DIR once, at its
     # first import, so an earlier in-process run of the suite must not decide where this one logs)
-    subprocess.run([sys.executable, "-m", "toolbox_train.training.finetune", "--config", str(cfg)], check=True,
+    subprocess.run([sys.executable, "-m", "toolbox_train.commands.finetune", "--config", str(cfg)], check=True,
                    capture_output=True, env={**__import__("os").environ})
     want = _loss_series(out)
     assert [s for s, _ in want] == [1, 2, 3, 4]
@@ -157,7 +158,7 @@ def test_bad_tracking_settings_refused(tmp_path, capsys, tiny_model, over, messa
 def test_config_wins_over_the_environment_which_wins_over_the_output_folder(tmp_path, monkeypatch, clean_env):
     import os
 
-    from toolbox_train.training.config import load_config
+    from toolbox_train.config.schema import load_config
 
     def args(**output):
         cfg, _ = load_config({"model": {"path": "m"}, "data": {"path": "d.jsonl"},

@@ -14,7 +14,8 @@ import types
 import pytest
 
 from helpers.tiny import train_config, write_dataset
-from toolbox_train.training import finetune, models
+from toolbox_train.commands import finetune
+from toolbox_train.training import loading as models
 
 FROM_PRETRAINED = {"model_name", "max_seq_length", "dtype", "load_in_4bit", "load_in_8bit", "load_in_16bit",
                    "full_finetuning", "token", "device_map", "rope_scaling", "fix_tokenizer", "trust_remote_code",

@@ -21,7 +21,7 @@ from toolbox.cluster.probe import HostInfo, Prober, differences
 from toolbox.cluster.runner import NodeJob, Runner, failure_reason
 from toolbox.cluster.ssh import SshClient
 from toolbox.errors import ToolError, UserError
-from toolbox_train.distributed.rdma import choose
+from toolbox_train.config.rdma import choose
 
 ALLREDUCE_SOURCE = (Path(__file__).parent / "allreduce.py").read_text()
 
@@ -164,7 +164,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def rdma_report(infos: list[HostInfo]) -> list[str]:
     """Per host: the RDMA port, GID table entry and NCCL_IB_HCA that `launch --transport rdma`
-    will use there (toolbox_train.distributed.rdma.choose on the same sysfs data, read over SSH)."""
+    will use there (toolbox_train.config.rdma.choose on the same sysfs data, read over SSH)."""
     lines = []
     for info in infos:
         ifname = info.host.ifname

@@ -12,7 +12,7 @@ from toolbox.cluster.hosts import Host
 from toolbox.cluster.ssh import SshClient
 from toolbox.components.labels import LABEL_PREFIX
 from toolbox.errors import ToolError, UserError
-from toolbox_train.distributed.rdma import SYSFS_PROBE, Port, parse_probe as parse_rdma
+from toolbox_train.config.rdma import SYSFS_PROBE, Port, parse_probe as parse_rdma
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "safetensors",
             "toolbox-train", "strix-toolbox", "unsloth", "bitsandbytes", "triton", "pytorch-triton-rocm")

@@ -36,7 +36,7 @@ from toolbox.cluster.nodecmd import node_env, podman_options, substitute, wrap_v
 from toolbox.cluster.probe import HostInfo
 from toolbox.errors import ToolError
 from toolbox.paths import state_dir
-from toolbox_train.distributed import rdma
+from toolbox_train.config import rdma
 
 # Alive = a `ray start` that is not a zombie: a node whose processes were just killed can leave
 # one for a moment (kill -0 succeeds on it), and `up` then took the dead node for a running one.

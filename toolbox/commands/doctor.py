@@ -2,7 +2,7 @@
 
 Outside a container it checks the engine, the GPU device nodes, and the image's labels
 against the stack's pins, then (with --in-image) runs the probe inside the image.
-Inside a container it runs the probe (toolbox_train.checks.doctor) directly.
+Inside a container it runs the probe (toolbox_train.commands.health) directly.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def in_container() -> bool:
 
 
 def label_checks(labels: dict, stack) -> list:
-    from toolbox_train.checks.doctor import Check
+    from toolbox_train.commands.health import Check
 
     out = []
     lock = stack.pins()
@@ -68,7 +68,7 @@ def host_checks(args):
     from toolbox import gpuhost
     from toolbox.commands.run import resolve_target
     from toolbox.engines import ContainerEngine, ImageEngine, get_engine
-    from toolbox_train.checks.doctor import Check
+    from toolbox_train.commands.health import Check
 
     checks = []
     try:
@@ -102,7 +102,7 @@ def container_checks(args, engine, checks):
     """toolbx/distrobox: the tool, the user it accepts, the container --name and its labels."""
     from toolbox.commands.run import resolve_target
     from toolbox.stack.load import load_stack
-    from toolbox_train.checks.doctor import Check
+    from toolbox_train.commands.health import Check
 
     try:
         engine.check_user()
@@ -129,7 +129,7 @@ def container_checks(args, engine, checks):
 
 def report(checks, as_json: bool, what: str) -> int:
     """Print CHECKS (or their JSON); 1 when any failed."""
-    from toolbox_train.checks import doctor as probe
+    from toolbox_train.commands import health as probe
 
     failed = [c for c in checks if c.status == "fail"]
     if as_json:
@@ -141,7 +141,7 @@ def report(checks, as_json: bool, what: str) -> int:
 
 
 def run(args) -> int:
-    from toolbox_train.checks import doctor as probe
+    from toolbox_train.commands import health as probe
 
     if in_container():
         argv = ["--json"] if args.json else []
@@ -161,7 +161,7 @@ def run(args) -> int:
 
         if platform == "rocm":
             check_rocm_host()
-        cmd = ["python", "-m", "toolbox_train.checks.doctor", "--expect-platform", platform]
+        cmd = ["python", "-m", "toolbox_train.commands.health", "--expect-platform", platform]
         for t in (stack.gpu_targets if stack is not None else []):
             cmd += ["--gpu-target", t]
         if args.json:

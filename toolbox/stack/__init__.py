@@ -1,6 +1,6 @@
 """Everything about a stack (a YAML file of pins): reading, validating, its digest, pinning, locking.
 
-- `loader`: the YAML read with each field's file and line, `extends:`, `--set` overrides.
+- `source`: the YAML read with each field's file and line, `extends:`, `--set` overrides.
 - `model`: the schema (pydantic models, unknown keys refused); `values`: the checks of one value.
 - `resolved`: the `Stack` every command gets; `load`: `load_stack()` and the shipped stacks.
 - `digest`: the stack's pins and their digest (the image tag), `stack.lock.yaml` in the image.

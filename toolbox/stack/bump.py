@@ -38,7 +38,7 @@ from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.stack import wheel_index
 from toolbox.stack.load import load_stack, resolve_ref
-from toolbox.stack.loader import field_lines
+from toolbox.stack.source import field_lines
 
 GIT_FIELDS = {
     "rccl": ("rccl", "repo", "commit"),

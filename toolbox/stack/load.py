@@ -2,7 +2,7 @@
 
 A stack is validated by the pydantic models of toolbox.stack.model, which forbid unknown keys,
 so a typo such as `rocm.verison` is an error naming the file, the field path and the line
-(toolbox.stack.loader keeps the lines). A user's file can `extends:` a shipped stack;
+(toolbox.stack.source keeps the lines). A user's file can `extends:` a shipped stack;
 `--set key.path=value` overrides go through the same validation. `load_stack` returns the
 resolved `Stack` (toolbox.stack.resolved) with its digest (toolbox.stack.digest) computed from
 the components' pins. `with_pins` applies typed pin updates (first-use pins) to a loaded stack:
@@ -22,7 +22,7 @@ from toolbox import components
 from toolbox.errors import UserError
 from toolbox.paths import DEFAULT_STACK, STACKS_DIR
 from toolbox.stack import digest
-from toolbox.stack.loader import Origin, apply_overrides, apply_values, format_errors, load_raw
+from toolbox.stack.source import Origin, apply_overrides, apply_values, format_errors, load_raw
 from toolbox.stack.model import StackModel
 from toolbox.stack.resolved import Stack
 

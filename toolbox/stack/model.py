@@ -1,7 +1,7 @@
 """The stack schema: pydantic models that forbid unknown keys, one description per field.
 
 Validation only (the checks of single values are toolbox.stack.values): reading the YAML
-(lines, `extends:`, `--set`) is toolbox.stack.loader, and what is derived from a valid stack
+(lines, `extends:`, `--set`) is toolbox.stack.source, and what is derived from a valid stack
 (patch files, pins, digest) is toolbox.stack.resolved and toolbox.stack.digest.
 `python -c 'import json, toolbox.stack.model as m; print(json.dumps(m.StackModel.model_json_schema()))'`
 prints the schema with these descriptions.

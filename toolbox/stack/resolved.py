@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from toolbox.errors import UserError
 from toolbox.paths import PROJECT_ROOT
 from toolbox.rccl.patches import MissingPatch, Series, parse_series
-from toolbox.stack.loader import Origin
+from toolbox.stack.source import Origin
 from toolbox.stack.model import StackModel
 
 if TYPE_CHECKING:

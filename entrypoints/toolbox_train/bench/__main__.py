@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from toolbox_train.bench.command import main
 
 sys.exit(main())

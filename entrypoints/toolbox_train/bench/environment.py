@@ -6,8 +6,8 @@ import contextlib
 import sys
 from typing import Any
 
-from ..planning.arithmetic import GiB
-from .shapes import BenchError
+from toolbox_train.models.arithmetic import GiB
+from toolbox_train.bench.shapes import BenchError
 
 
 def versions() -> dict[str, str]:

@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..files import write_json
-from .measure import load_hf
-from .rows import finetune_config
-from .synthetic import read_token_batches
-from .shapes import BenchError, SHAPES
-from .synthetic import build_model_dir, write_text_dataset
+from toolbox_train.disk import write_json
+from toolbox_train.bench.measure import load_hf
+from toolbox_train.bench.rows import finetune_config
+from toolbox_train.bench.synthetic import read_token_batches
+from toolbox_train.bench.shapes import BenchError, SHAPES
+from toolbox_train.bench.synthetic import build_model_dir, write_text_dataset
 
 TOY_WIDTH = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                  intermediate_size=128, vocab_size=512)
@@ -86,8 +86,8 @@ def torch_fused_head():
     """finetune's SFT loss on TRL's fused-head path on the CPU, its kernel the torch stand-in (logprob.py)."""
     from trl.trainer import utils
 
-    from ..training import trainer
-    from ..training.objectives.logprob import TorchLogProb
+    from toolbox_train.training import trainer
+    from toolbox_train.objectives.logprob import TorchLogProb
 
     saved = utils._ChunkedLogProbFunction, trainer.fused_head_ok
     utils._ChunkedLogProbFunction, trainer.fused_head_ok = TorchLogProb, (lambda inputs: True)
@@ -186,7 +186,7 @@ def _mean(xs: list[float]) -> float:
 
 def _finetune(spec: dict, model_dir: Path, data: Path, work: Path, sets: Sequence[str],
               fused_head: str = "model") -> dict:
-    from ..training import finetune
+    from toolbox_train.commands import finetune
 
     clock = _step_clock()
     cfg = finetune_config(spec, str(model_dir), str(data), str(work / "out"))

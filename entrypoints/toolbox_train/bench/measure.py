@@ -7,8 +7,8 @@ import math
 import time
 from typing import Any
 
-from ..planning.arithmetic import GiB, expert_targets
-from .shapes import LORA_TARGETS, SHAPES
+from toolbox_train.models.arithmetic import GiB, expert_targets
+from toolbox_train.bench.shapes import LORA_TARGETS, SHAPES
 
 
 class StepTimer:
@@ -97,7 +97,7 @@ def attn_implementation(shape: str) -> dict[str, str]:
 
 def lora_config(shape: str):
     """The bare HF loops' LoRA: the seven projections, and on fused-expert MoE models (GPT-OSS) the experts'
-    parameters too, as finetune's HF path (training/lora.py) and Unsloth adapt them: the same work per row."""
+    parameters too, as finetune's HF path (models/lora.py) and Unsloth adapt them: the same work per row."""
     from peft import LoraConfig
 
     extra = expert_targets(SHAPES[shape]["model_type"], LORA_TARGETS)

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..files import write_json
-from .environment import device_info, versions
-from .report import fmt_num, targets
-from .shapes import SHAPES, mfu, peak_flops
-from .suites import Row
-from .synthetic import build_model_dir, write_text_dataset
+from toolbox_train.disk import write_json
+from toolbox_train.bench.environment import device_info, versions
+from toolbox_train.bench.report import fmt_num, targets
+from toolbox_train.bench.shapes import SHAPES, mfu, peak_flops
+from toolbox_train.bench.suites import Row
+from toolbox_train.bench.synthetic import build_model_dir, write_text_dataset
 
 
 def run_matrix(rows: list[Row], out: Path, *, device: str = "cuda", seq: int = 2048, batch: int = 8,

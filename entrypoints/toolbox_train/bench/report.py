@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from ..files import write_json
-from .shapes import BenchError
+from toolbox_train.disk import write_json
+from toolbox_train.bench.shapes import BenchError
 
 
 # Targets (issue 7) as measured ratios

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..files import write_json
-from .environment import versions
-from .measure import (CountingCollator, StepTimer, apply_liger, attn_implementation, count_tokens, load_hf,
+from toolbox_train.disk import write_json
+from toolbox_train.bench.environment import versions
+from toolbox_train.bench.measure import (CountingCollator, StepTimer, apply_liger, attn_implementation, count_tokens, load_hf,
                       load_unsloth, lora_config, peak_gib, reset_peak, result_from_steps, spec_device)
-from .shapes import LORA_TARGETS, SHAPES, SPECIAL_TOKENS
-from .synthetic import read_token_batches
+from toolbox_train.bench.shapes import LORA_TARGETS, SHAPES, SPECIAL_TOKENS
+from toolbox_train.bench.synthetic import read_token_batches
 
 
 def run_bare(spec: dict, model_dir: str) -> dict:
@@ -149,7 +149,7 @@ def finetune_config(spec: dict, model_dir: str, data_path: str, output_dir: str)
 
 def steps_from_metrics(out_dir: Path) -> tuple[list[float], list[int], list[float], float | None]:
     """Per-step time and tokens from finetune's metrics.jsonl (`tokens` is the running total)."""
-    from ..training.runs import METRICS
+    from toolbox_train.runs.folder import METRICS
 
     times, tokens, losses, peaks = [], [], [], []
     prev = 0
@@ -171,7 +171,7 @@ def steps_from_metrics(out_dir: Path) -> tuple[list[float], list[int], list[floa
 
 
 def run_finetune(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict:
-    from toolbox_train.training import finetune
+    from toolbox_train.commands import finetune
 
     device = spec_device(spec)
     out_dir = Path(workdir) / "out"
@@ -190,7 +190,7 @@ def run_launch(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict
     out_dir = Path(workdir) / "out"
     cfg_path = Path(workdir) / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(finetune_config(spec, model_dir, data_path, str(out_dir))))
-    cmd = [sys.executable, "-m", "toolbox_train.distributed.launch", "--strategy", spec["options"].get("strategy", "fsdp"),
+    cmd = [sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", spec["options"].get("strategy", "fsdp"),
            "--nproc", "1", "--", "finetune", "--config", str(cfg_path), "--overwrite"]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -204,7 +204,7 @@ def run_launch(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict
 def _resolved(out_dir: Path) -> dict | None:
     import yaml
 
-    from ..training.runs import RESOLVED_CONFIG  # not at import: the package stays stdlib-only
+    from toolbox_train.runs.folder import RESOLVED_CONFIG  # not at import: the package stays stdlib-only
 
     p = out_dir / RESOLVED_CONFIG
     if not p.exists():

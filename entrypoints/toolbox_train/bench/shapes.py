@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cli import UserError
-from ..planning.arithmetic import moe_experts
+from toolbox_train.contract import UserError
+from toolbox_train.models.arithmetic import moe_experts
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(  # Llama-3.2-1B

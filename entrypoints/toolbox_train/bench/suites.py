@@ -6,7 +6,7 @@ import dataclasses
 import fnmatch
 from typing import Any, Sequence
 
-from .shapes import BenchError, SHAPES
+from toolbox_train.bench.shapes import BenchError, SHAPES
 
 
 @dataclasses.dataclass

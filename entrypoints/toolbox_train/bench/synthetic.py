@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .shapes import SHAPES, SPECIAL_TOKENS
+from toolbox_train.bench.shapes import SHAPES, SPECIAL_TOKENS
 
 
 def build_tokenizer(dest: Path, vocab_size: int):

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..training.runs import SUMMARY
+from toolbox_train.runs.folder import SUMMARY
 
 CARD = "README.md"
 # A Hub cache snapshot: .../models--ORG--NAME/snapshots/REV (its repo id is in the path).
@@ -21,7 +21,7 @@ _CACHE_SNAPSHOT = re.compile(r"models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")
 
 
 def _hub_id(path: str) -> str | None:
-    from ..training.data import looks_like_hub_id
+    from toolbox_train.data.dataset import looks_like_hub_id
 
     if not Path(path).exists() and looks_like_hub_id(path):
         return path
@@ -163,7 +163,7 @@ def write_run_cards(out: Path, method: str, save: str) -> list[Path]:
     output.save: both."""
     import yaml
 
-    from ..training.runs import RESOLVED_CONFIG
+    from toolbox_train.runs.folder import RESOLVED_CONFIG
 
     resolved = yaml.safe_load((out / RESOLVED_CONFIG).read_text())
     kind = "full" if method == "full" else ("merged" if save == "merged" else "adapter")

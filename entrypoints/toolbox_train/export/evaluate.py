@@ -18,11 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import llamacpp
-from ..cli import ToolError, UserError, command_parser, run_command
-from ..files import atomic_write
-from ..guards import check_path, regular_file
-from ..training.runs import RunModel, find_finished, loading, rows_to_texts
+from toolbox_train.export import llamacpp
+from toolbox_train.contract import ToolError, UserError, command_parser, run_command
+from toolbox_train.disk import atomic_write
+from toolbox_train.guards import check_path, regular_file
+from toolbox_train.runs.folder import RunModel, find_finished, loading, rows_to_texts
 
 
 def say(msg: str) -> None:
@@ -38,7 +38,7 @@ def load_texts(rm: RunModel, data: str | None, tok) -> list[str]:
     path = regular_file(data, "--data")
     if path.suffix.lower() == ".txt":
         return [path.read_text(errors="replace")]
-    from ..training.data import load_raw, shape
+    from toolbox_train.data.dataset import load_raw, shape
 
     # finetune's loader: every row checked against its format (text, alpaca or messages).
     ds, fmt, _ = load_raw(str(path.resolve()), "train", Path.cwd(), "--data", "auto", "text")
@@ -75,7 +75,7 @@ def hf_perplexity(model, ids: list[int], ctx: int, bos: int | None) -> dict:
 
 def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
     """The GGUF of the fine-tuned (`export`'s, made if missing) or of the base model (cached in RUN/eval)."""
-    from . import model as export_model
+    from toolbox_train.export import model as export_model
 
     if which == "finetuned":
         have = rm.run / "export" / "gguf" / f"model-{quant}.gguf"

@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cli import ToolError, UserError
-from ..files import disk_full
+from toolbox_train.contract import ToolError, UserError
+from toolbox_train.disk import disk_full
 
 DEFAULT_DIR = "/opt/llama.cpp"
 LOGS = "logs"  # RUN/logs/<step>.log: each tool's stdout and stderr (convert-f16.log, quantize-q8_0.log, ...)

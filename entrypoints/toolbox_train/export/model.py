@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import card, llamacpp
-from ..cli import ToolError, UserError, command_parser, run_command
-from ..guards import check_path
-from ..training.runs import RunModel, find_finished, human_size, loading
+from toolbox_train.export import card, llamacpp
+from toolbox_train.contract import ToolError, UserError, command_parser, run_command
+from toolbox_train.guards import check_path
+from toolbox_train.runs.folder import RunModel, find_finished, human_size, loading
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STAGING_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}  # lossless into the GGUF type

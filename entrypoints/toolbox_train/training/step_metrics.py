@@ -257,7 +257,7 @@ class DeferredStepMetrics:
     def _head_owner(self, model, liger: bool = False):
         cached = self.__dict__.get("_trl_head")
         if cached is None or cached[0] is not model:  # found once, not a walk over the modules per step
-            from ..planning.checks import log
+            from toolbox_train.planning.plan import log
 
             cached = self._trl_head = (model, trl_head_owner(model))
             head = "Liger's fused linear cross-entropy" if liger else "TRL's fused LM head"

@@ -1,7 +1,7 @@
-"""The Trainer: TRL's SFTTrainer with atomic checkpoints, LocalSGD, a metrics callback and the
-test hooks (the Toolbox mixin, which the preference objectives' trainers share). Imported only
-once the checks have passed (TRL and torch are heavy; Unsloth, when
-used, must be imported before them, which `plan` does).
+"""What every objective's trainer shares: the Toolbox mixin (atomic checkpoints, LocalSGD, the test
+hooks), the metrics callback, the final save. Each objective's `<name>_trainer.py` (objectives/)
+puts the mixin on TRL's trainer. Imported only once the checks have passed (transformers and torch
+are heavy; Unsloth, when used, must be imported before them, which `plan` does).
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ import time
 from pathlib import Path
 
 from transformers import TrainerCallback
-from trl import SFTTrainer
 
-from . import checkpoints, resume
-from .step_metrics import DeferredStepMetrics
-from .. import files
-from ..cli import ToolError
-from ..planning.arithmetic import GiB
-from ..planning.checks import Plan, log
-from ..distributed.sync import local_sgd_steps
+from toolbox_train.runs import checkpoints
+from toolbox_train.runs import resume
+from toolbox_train import disk
+from toolbox_train.contract import ToolError
+from toolbox_train.models.arithmetic import GiB
+from toolbox_train.planning.plan import Plan, log
+from toolbox_train.config.sync import local_sgd_steps
 
 LOCAL_SGD_STATE = "local_sgd.json"  # in each checkpoint: LocalSGD's step counter
 OBJECTIVE_METRICS = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected", "kl",
@@ -107,7 +106,7 @@ def _signal_for_test() -> None:
 
 
 class _LocalSGDStep(TrainerCallback):
-    def __init__(self, trainer: "Trainer"):
+    def __init__(self, trainer: "Toolbox"):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kw):
@@ -122,8 +121,7 @@ def fused_head_ok(inputs) -> bool:
 
 
 class Toolbox:
-    """What every objective's trainer gets on top of TRL's (SFTTrainer here, DPO/ORPO/KTO/GRPO in
-    objectives/trainers.py): atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
+    """What every objective's trainer gets on top of TRL's (objectives/<name>_trainer.py): atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
 
     `plan`: the resolved Plan (checkpoint rotation, CPU optimizer loading, the sync mode).
     """
@@ -159,7 +157,7 @@ class Toolbox:
             if self.is_local_process_zero():
                 resume.write_identity(staging / name, self.toolbox_plan)  # what --resume checks
             if self._local_sgd is not None and self.is_local_process_zero():
-                files.write_json(staging / name / LOCAL_SGD_STATE,
+                disk.write_json(staging / name / LOCAL_SGD_STATE,
                                  {"every": self._local_sgd.local_sgd_steps, "num_steps": self._local_sgd.num_steps})
         except BaseException as exc:
             self._failed_save(exc, root, staging, name)
@@ -179,7 +177,7 @@ class Toolbox:
     def _failed_save(self, exc: BaseException, root: Path, staging: Path, name: str) -> None:
         """A checkpoint that could not be written whole leaves nothing (the newest whole one stays
         the one to resume); a full disk is a fault named by its path, not an internal error."""
-        full = files.disk_full(exc, staging) if isinstance(exc, Exception) else None
+        full = disk.disk_full(exc, staging) if isinstance(exc, Exception) else None
         if self.is_local_process_zero():
             shutil.rmtree(staging / name, ignore_errors=True)
             try:
@@ -307,20 +305,6 @@ class Toolbox:
             self._local_sgd = None
 
 
-class Trainer(Toolbox, DeferredStepMetrics, SFTTrainer):
-    """SFTTrainer with the Toolbox additions and its per-step metrics read at log steps (step_metrics.py)."""
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if fused_head_ok(inputs):
-            if self.deferrable_loss(model, inputs, return_outputs):
-                return self.fused_nll_deferred(model, inputs, num_items_in_batch)
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        # TRL's fused LM-head loss is a Triton kernel (GPU only): on CPU use the model's own loss.
-        from transformers import Trainer as HFTrainer
-
-        return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
-
-
 def weights_digest(model) -> str:
     import hashlib
 
@@ -331,7 +315,7 @@ def weights_digest(model) -> str:
     return h.hexdigest()
 
 
-def save_final(p: Plan, trainer: Trainer, tok) -> None:
+def save_final(p: Plan, trainer: Toolbox, tok) -> None:
     trainer.accelerator.wait_for_everyone()
     if trainer.is_fsdp_enabled:
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")

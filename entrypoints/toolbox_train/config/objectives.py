@@ -1,0 +1,106 @@
+"""The train.yaml sections of the preference objectives (`objective: dpo|orpo|kto|grpo`), one per
+objective, mapped onto TRL's DPOConfig / ORPOConfig / KTOConfig / GRPOConfig by objectives/<name>_config.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# What each objective trains on (TRL's dataset types), and the `data.format` that names it.
+DATA_FORMAT = {"dpo": "preference", "orpo": "preference", "kto": "unpaired", "grpo": "prompt"}
+# TRL 1.15's DPO loss types (DPOConfig.loss_type); several may be combined with loss_weights.
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+              "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft")
+BUILTIN_REWARDS = ("format", "length")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DpoCfg(_Strict):
+    beta: float = Field(0.1, gt=0, description="strength of the pull towards the reference model")
+    loss_type: Literal[DPO_LOSSES] | list[Literal[DPO_LOSSES]] = "sigmoid"  # type: ignore[valid-type]
+    loss_weights: list[float] | None = Field(None, description="one weight per loss_type when there are several")
+    label_smoothing: float = Field(0.0, ge=0.0, le=0.5, description="cDPO / robust: assumed label noise")
+
+    @model_validator(mode="after")
+    def _weights(self):
+        n = len(self.loss_type) if isinstance(self.loss_type, list) else 1
+        if self.loss_weights is not None and len(self.loss_weights) != n:
+            raise ValueError(f"loss_weights has {len(self.loss_weights)} values for {n} loss_type(s)")
+        return self
+
+
+class OrpoCfg(_Strict):
+    beta: float = Field(0.1, gt=0, description="lambda of the ORPO paper: weight of the odds-ratio term")
+
+
+class KtoCfg(_Strict):
+    beta: float = Field(0.1, gt=0)
+    desirable_weight: float = Field(1.0, gt=0, description="weight of rows labelled true")
+    undesirable_weight: float = Field(1.0, gt=0, description="weight of rows labelled false")
+
+
+class RewardCfg(_Strict):
+    function: str = Field(description="format, length, or module:function (a module.py beside the config, "
+                                      "or an installed module)")
+    weight: float = 1.0
+    pattern: str | None = Field(None, description="format: a regex the completion must contain (re.search)")
+    max_chars: int | None = Field(None, gt=0, description="length: completions longer than this are penalized")
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v):
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self):
+        f = self.function
+        if f == "format" and self.pattern is None:
+            raise ValueError("the format reward needs `pattern`")
+        if f == "length" and self.max_chars is None:
+            raise ValueError("the length reward needs `max_chars`")
+        if f not in BUILTIN_REWARDS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", f):
+            raise ValueError(f"{f!r}: expected format, length or module:function")
+        if (f != "format" and self.pattern is not None) or (f != "length" and self.max_chars is not None):
+            raise ValueError("pattern belongs to the format reward, max_chars to the length reward")
+        return self
+
+
+class GrpoCfg(_Strict):
+    num_generations: int = Field(4, ge=2, description="completions sampled per prompt (the group)")
+    max_completion_length: int = Field(128, gt=0, description="tokens generated per completion")
+    temperature: float = Field(1.0, gt=0)
+    beta: float = Field(0.0, ge=0, description="KL weight; > 0 needs the reference model")
+    rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")
+    generation: Literal["transformers", "vllm-colocate"] = Field(
+        "transformers", description="transformers' generate, or TRL's vLLM colocate mode (generation.py)")
+    vllm_gpu_memory_utilization: float | None = Field(
+        None, gt=0, lt=1, description="vllm-colocate: the GPU memory share vLLM takes (TRL's default 0.3)")
+
+    @model_validator(mode="after")
+    def _vllm_only(self):
+        if self.vllm_gpu_memory_utilization is not None and self.generation != "vllm-colocate":
+            raise ValueError("vllm_gpu_memory_utilization belongs to generation: vllm-colocate")
+        return self
+
+
+def reference(cfg) -> str:
+    """The reference model the objective trains against: 'none' (ORPO; GRPO with beta 0),
+    'adapter' (LoRA/QLoRA: the base with the adapter disabled, no second copy in memory) or
+    'copy' (full fine-tuning: a frozen copy of the starting model, which the memory plan counts)."""
+    if cfg.objective in ("sft", "orpo") or (cfg.objective == "grpo" and cfg.grpo.beta == 0):
+        return "none"
+    return "copy" if cfg.method == "full" else "adapter"
+
+
+REFERENCE_TEXT = {"none": "no reference model", "adapter": "reference: the base with the adapter disabled",
+                  "copy": "reference: a frozen copy of the model"}

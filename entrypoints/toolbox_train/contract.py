@@ -1,0 +1,147 @@
+"""The one CLI contract of the training commands (finetune, launch, export-model, evaluate, bench,
+rccl-check): the errors they raise, `--debug`, and what happens to an exception that reaches
+the entry point: one line and a non-zero exit (UserError 2, ToolError 1, interrupt 130); the
+traceback only with --debug or TOOLBOX_DEBUG=1. The same contract as the host's `toolbox` CLI
+(toolbox/cli.py), which this package cannot import."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Callable, Sequence
+
+
+class UserError(Exception):
+    """Bad input: the message names the file, field or line; exit code 2."""
+
+    exit_code = 2
+
+
+class ToolError(Exception):
+    """Something outside the user's input failed; exit code 1."""
+
+    exit_code = 1
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler, `podman stop`), raised where the program is, as SIGINT raises
+    KeyboardInterrupt: `finally` blocks and temp-file cleanups run; exit code 143 (128 + 15)."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (libraries' messages run to many lines), or its type."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
+# A failed write or read the machine caused (not the input, not a bug): a full disk, a quota, a
+# file system that went read-only or failed.
+MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
+def machine_fault(exc: BaseException) -> str | None:
+    """'PATH: No space left on device' for an OSError of MACHINE_ERRNOS, or 'disk full: ...' for a
+    library's error that says so in its text (safetensors: "os error 28"); else None."""
+    if isinstance(exc, OSError) and exc.errno in MACHINE_ERRNOS:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or os.strerror(exc.errno)}"
+    from toolbox_train.disk import disk_full
+
+    full = disk_full(exc)
+    return f"disk full ({full}): {type(exc).__name__}: {first_line(exc)}" if full else None
+
+
+DEBUG_HELP = "show the traceback of an error (or TOOLBOX_DEBUG=1)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors as one line naming the flag (exit 2 through the guard), not the
+    usage text and a line; subcommands' parsers are of this class too (add_subparsers makes them
+    of the parent's)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (`{self.prog} --help` shows the usage)")
+
+
+def command_parser(prog: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
+    """The parser of a training command, `--debug` included: the command adds only its own options."""
+    parser = _Parser(prog=prog, description=description, **kw)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    return parser
+
+
+def run_command(prog: str, body: Callable[[list[str]], int | None], argv: Sequence[str] | None = None,
+                interrupted: str = "interrupted") -> int:
+    """A training command's `main`: `body(argv)` (which parses argv with its command_parser) under the
+    guard. --debug counts before a `--` only: what follows is another command's (`launch -- finetune`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    return _guarded(prog, lambda: body(argv), os.environ.get("TOOLBOX_DEBUG") == "1" or "--debug" in own,
+                   interrupted)
+
+
+def _quiet_stdout() -> None:
+    # Keep Python's own flush at exit from failing on a pipe whose reader is gone.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def internal_error_line(prog: str, exc: BaseException) -> str:
+    """The line of an exception no check foresaw: a bug (tests/fuzz fails on any)."""
+    what = f"{type(exc).__name__}: {first_line(exc, 500)}" if str(exc).strip() else type(exc).__name__
+    return f"{prog}: internal error: {what} (run with --debug or TOOLBOX_DEBUG=1 for the traceback)"
+
+
+def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted: str = "interrupted") -> int:
+    """Run `body` (argument parsing included); turn what escapes it into one line and an exit code:
+    UserError 2, ToolError 1, KeyboardInterrupt 130, SIGTERM 143, anything else 1 (the traceback only
+    with debug)."""
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        code = int(body() or 0)
+        sys.stdout.flush()
+        return code
+    except Terminated as exc:
+        print(f"{prog}: terminated (SIGTERM){': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        return exc.exit_code
+    except (UserError, ToolError) as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: {interrupted}", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `bench list | head -1`: the reader left; say nothing
+        _quiet_stdout()
+        return 0
+    except SystemExit:  # argparse's --help and usage errors: a closed pipe shows at the flush
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _quiet_stdout()
+        raise
+    except Exception as exc:  # noqa: BLE001 (the entry point's last line of defence)
+        fault = machine_fault(exc)
+        if debug:
+            traceback.print_exc()
+        if fault:  # the machine's, not a bug: one line and exit 1 (the traceback only with debug)
+            print(f"{prog}: error: {fault}", file=sys.stderr)
+        elif not debug:
+            print(internal_error_line(prog, exc), file=sys.stderr)
+        return 1
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)

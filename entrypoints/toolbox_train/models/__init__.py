@@ -1,0 +1,7 @@
+"""What is known of a model before it loads: the model folder and its weight files, the LoRA
+targets, and the memory arithmetic from config.json alone.
+
+  arithmetic   peak device memory of a training setting (no torch)
+  weights      cheap integrity checks of weight and checkpoint files
+  lora         the PEFT LoRA config (which modules get adapters), adapter checks
+"""

@@ -1,0 +1,144 @@
+"""The PEFT LoRA config of a run (which modules get adapters), shared by the HF loader
+(training/loading.py) and the resume check (runs/resume.py); the adapter built on the meta device
+(its shapes, for resume and the memory plan); the checks' part on adapters (check_adapter, called by
+planning/plan.py: target_modules entries that match nothing, MoE experts)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from toolbox_train.contract import UserError
+from toolbox_train.models.arithmetic import LORA_ALL_LINEAR, expert_targets, moe_experts
+
+# Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
+VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
+
+
+def lora_targets(p):
+    t = p.cfg.lora.target_modules
+    if not p.multimodal:
+        return t
+    # Text-only fine-tuning of a multimodal wrapper: adapters on the language model only.
+    names = "|".join(LORA_ALL_LINEAR) if t == "all-linear" else "|".join(re.escape(x) for x in t)
+    return rf"^(?!.*({'|'.join(VISION_PARTS)})).*\.({names})$"
+
+
+def lora_target_parameters(p) -> list[str]:
+    """The fused expert parameters (GPT-OSS's mlp.experts.gate_up_proj/down_proj) the MLP names in
+    lora.target_modules select: `target_modules` matches modules only, and these are 3-D nn.Parameters,
+    so without them the HF path would leave the experts frozen where Unsloth's get_peft_model adapts them."""
+    if p.multimodal:
+        return []
+    return expert_targets(getattr(p.model_config, "model_type", ""), p.cfg.lora.target_modules)
+
+
+def peft_config(p):
+    """`p`: the run's planning.plan.Plan."""
+    from peft import LoraConfig
+
+    c = p.cfg.lora
+    experts = lora_target_parameters(p)
+    return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
+                      bias="none", task_type="CAUSAL_LM", **({"target_parameters": experts} if experts else {}))
+
+
+def meta_model(p):
+    """The run's model, built from its config on the meta device (no memory, no weights read)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
+
+
+def adapter_shapes(p, built=None) -> dict[str, list[int]]:
+    """Name -> shape of the PEFT adapter this run trains and saves, built on the meta device (or `built`)."""
+    from peft import get_peft_model, get_peft_model_state_dict
+
+    sd = get_peft_model_state_dict(built if built is not None else get_peft_model(meta_model(p), peft_config(p)))
+    return {k: list(v.shape) for k, v in sd.items()}
+
+
+def module_names(model, multimodal: bool) -> list[str]:
+    """The names lora.target_modules can take on `model` (its Linear, Embedding and Conv1D modules), in
+    model order; a multimodal wrapper's vision parts left out (text fine-tuning never adapts them)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    names: dict[str, None] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding, Conv1D)) and name:
+            if not (multimodal and any(part in name.split(".") for part in VISION_PARTS)):
+                names.setdefault(name.rsplit(".", 1)[-1])
+    return list(names)
+
+
+def unmatched_targets(p, built) -> list[str]:
+    """The lora.target_modules entries PEFT adapted nothing for in `built` (the run's adapter on the meta
+    device). An entry counts as matched by a module PEFT targeted (its name, or a name ending in .entry, PEFT's
+    rule), by GPT-OSS's fused experts it selects (lora_target_parameters), or by PEFT's own conversion of an
+    MoE family's experts, which takes the MLP names out of the config and adapts expert parameters instead."""
+    lm = built.base_model
+    modules = lm.targeted_module_names
+    kept = built.peft_config["default"].target_modules
+    converted = bool(getattr(lm, "targeted_parameter_names", None)) and not isinstance(kept, str)
+    model_type = getattr(p.model_config, "model_type", "")
+
+    def hit(t: str) -> bool:
+        return (any(n == t or n.endswith("." + t) for n in modules)
+                or (not p.multimodal and bool(expert_targets(model_type, [t])))
+                or (converted and t not in kept))
+
+    return [t for t in p.cfg.lora.target_modules if not hit(t)]
+
+
+def check_adapter(p) -> None:
+    """The checks' part on MoE adapters (`p`: the Plan being built; LoRA methods only). GPT-OSS: the expert
+    parameters the HF path adds (lora_target_parameters), which take no dropout in PEFT. The families PEFT
+    converts itself (Qwen2/3-MoE, Mixtral, OLMoE, ...; transformers 5 fused their experts into 3-D parameters):
+    PEFT adapts the experts (gate_up_proj at rank 2r, with all-linear the router too) and refuses some target
+    sets, e.g. gate_proj without up_proj (one fused parameter now). Their adapter is built on the meta device
+    here, so that such a set is one line naming the field before any weights load or any file is written,
+    and the memory plan counts what PEFT builds (the arithmetic knows GPT-OSS's experts only). On every
+    model, dense ones too, each entry of a named target_modules list must adapt something in that build
+    (unmatched_targets): PEFT itself refuses only a list of which nothing matches, after the weights loaded."""
+    cfg, mc = p.cfg, p.model_config
+    experts = lora_target_parameters(p)
+    if experts:
+        if cfg.lora.dropout and p.backend == "hf":  # peft's ParamWrapper raises on it (Unsloth's path: not checked)
+            raise UserError(f"lora.dropout: {cfg.lora.dropout}: PEFT's adapters on {mc.model_type}'s fused experts "
+                            f"({', '.join(experts)}) take no dropout; set it to 0, or leave gate_proj/up_proj/"
+                            "down_proj out of lora.target_modules")
+        p.notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
+                       f"{', '.join(experts)} (one rank-{cfg.lora.r} adapter per expert)")
+    converted = not experts and p.backend == "hf" and bool(moe_experts(mc))
+    # Every entry must adapt something (all-linear always does); GPT-OSS's experts with dropout on Unsloth's path
+    # are left to Unsloth (PEFT would refuse the dropout here, which the hf path refused above).
+    named = cfg.lora.target_modules != "all-linear" and not (experts and cfg.lora.dropout)
+    if not (converted or named):
+        return
+    from peft import get_peft_model
+    from peft.utils import NoMatchingPeftModuleError
+
+    model = meta_model(p)
+    names = module_names(model, p.multimodal)
+    try:
+        built = get_peft_model(model, peft_config(p))
+        unmatched = unmatched_targets(p, built) if named else []
+    except NoMatchingPeftModuleError:  # no entry matched: each is named below, with what the model has
+        built, unmatched = None, list(cfg.lora.target_modules)
+    except ValueError as e:  # PeftError is one; only PEFT's target messages are about this field
+        if "target" in str(e).lower():
+            raise UserError(f"lora.target_modules: {cfg.lora.target_modules}: {e}") from None
+        raise
+    if unmatched:
+        experts_too = "; the experts: gate_proj, up_proj, down_proj" if moe_experts(mc) else ""
+        raise UserError(f"lora.target_modules: {', '.join(unmatched)} match{'es' if len(unmatched) == 1 else ''} "
+                        f"no module of {mc.model_type} (its modules: {', '.join(names)}{experts_too}; or all-linear)")
+    if not converted:
+        return
+    shapes = adapter_shapes(p, built)
+    p.lora_params = sum(math.prod(shape) for shape in shapes.values())
+    p.notes.append(f"lora: PEFT adapts {mc.model_type}'s experts itself: {p.lora_params:,} adapter parameters "
+                   "(built on the meta device), counted in the memory plan")

@@ -1,0 +1,12 @@
+"""DPO on TRL's DPOTrainer, with the Toolbox additions."""
+
+from __future__ import annotations
+
+from toolbox_train.objectives import preference
+from toolbox_train.objectives.dpo_config import dpo_args
+
+
+def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=None, rewards=None):
+    from trl import DPOTrainer
+
+    return preference.trainer(p, DPOTrainer, dpo_args(p, dist), model, tok, peft_cfg, train_ds, eval_ds, callbacks)

@@ -1,0 +1,12 @@
+"""KTO on TRL's KTOTrainer, with the Toolbox additions."""
+
+from __future__ import annotations
+
+from toolbox_train.objectives import preference
+from toolbox_train.objectives.kto_config import kto_args
+
+
+def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=None, rewards=None):
+    from trl import KTOTrainer
+
+    return preference.trainer(p, KTOTrainer, kto_args(p, dist), model, tok, peft_cfg, train_ds, eval_ds, callbacks)

@@ -1,0 +1,47 @@
+"""What the preference objectives (DPO, ORPO, KTO, GRPO) share on top of TRL's trainers: their TRL
+config from the shared arguments, the token count of paired batches, and the trainer class put
+together with the Toolbox mixin. Each objective's own part is its `<name>_config.py` and
+`<name>_trainer.py`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def trl_config(cls, p, dist, **section):
+    """`cls` (TRL's DPOConfig, ...) from the shared arguments, the sequence length and the
+    objective's own section; arguments this TRL's config does not have are left out."""
+    from toolbox_train.training.arguments import common_args
+
+    kw = {**common_args(p, dist), "max_length": p.cfg.data.max_seq_length, **section}
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in kw.items() if k in fields})
+
+
+class PairedTokens:
+    """Tokens seen for a batch of chosen/rejected sequences without `input_ids` (ORPO's): both sides,
+    each prompt + completion, as DPO's concatenated batch counts them. transformers counts only
+    `input_ids` and would record 0 tokens (and 0 tokens/s) for every ORPO step."""
+
+    def _track_num_input_tokens(self, inputs):
+        if "input_ids" not in inputs and "chosen_input_ids" in inputs and "rejected_input_ids" in inputs:
+            import torch
+
+            sides = ("chosen", "rejected")
+            both = {"input_ids": torch.cat([inputs[f"{s}_input_ids"].flatten() for s in sides])}
+            if all(f"{s}_attention_mask" in inputs for s in sides):
+                both["attention_mask"] = torch.cat([inputs[f"{s}_attention_mask"].flatten() for s in sides])
+            inputs = both
+        return super()._track_num_input_tokens(inputs)
+
+
+def trainer(p, base, args, model, tok, peft_cfg, train_ds, eval_ds, callbacks, mixins=(), **more):
+    """TRL's trainer class `base` with the Toolbox additions (and `mixins`), built and ready to train."""
+    from toolbox_train.objectives import logprob
+    from toolbox_train.training.trainer import Toolbox
+
+    if not p.gpu:
+        logprob.install()  # TRL 1.15's fused LM head is a Triton kernel (logprob.py)
+    cls = type(f"Toolbox{base.__name__}", (PairedTokens, Toolbox, *mixins, base), {})
+    return cls(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
+               peft_config=peft_cfg, plan=p, callbacks=callbacks, **more)

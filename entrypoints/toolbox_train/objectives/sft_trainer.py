@@ -1,0 +1,31 @@
+"""SFT on TRL's SFTTrainer, with the Toolbox additions (training/trainer.py) and its per-step
+metrics read at log steps (training/step_metrics.py)."""
+
+from __future__ import annotations
+
+from trl import SFTTrainer
+
+from toolbox_train.objectives import sft_config
+from toolbox_train.training import trainer as core
+from toolbox_train.training.step_metrics import DeferredStepMetrics
+
+
+class ToolboxSFTTrainer(core.Toolbox, DeferredStepMetrics, SFTTrainer):
+    """SFTTrainer with the Toolbox additions; its loss through the sync-free fused head where it can."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if core.fused_head_ok(inputs):  # through the module: bench's TRL rows replace it
+            if self.deferrable_loss(model, inputs, return_outputs):
+                return self.fused_nll_deferred(model, inputs, num_items_in_batch)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # TRL's fused LM-head loss is a Triton kernel (GPU only): on CPU use the model's own loss.
+        from transformers import Trainer as HFTrainer
+
+        return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+
+def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt: str = "text", rewards=None):
+    """SFT's trainer, ready to train (`fmt`: the data format, which the loss masking follows)."""
+    args = sft_config.sft_args(p, dist, fmt)  # through the module: bench's calibration wraps it
+    return ToolboxSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                             processing_class=tok, peft_config=peft_cfg, plan=p, callbacks=callbacks)

@@ -1,0 +1,169 @@
+"""GRPO reward functions named in the config: two built-ins (a format check by regex, a length
+penalty) and `module:function`, a module.py beside the config or an installed module. Resolved
+and called once on a few rows (`trial`) before the model loads, so a typo, a function that raises
+or returns no number per completion is exit 2, not a failure after loading.
+
+A reward function is TRL's: `f(prompts, completions, **columns) -> list[float]`, one per
+completion; conversational completions are lists of messages (the text is the last's content).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+from toolbox_train.contract import UserError, first_line
+
+
+def _text(c) -> str:
+    return c[-1]["content"] if isinstance(c, list) and c else str(c)
+
+
+def format_reward(pattern: str) -> Callable:
+    rx = re.compile(pattern, re.DOTALL)
+
+    def format(completions, **_):  # TRL names the metric after the function: rewards/format/mean
+        return [1.0 if rx.search(_text(c)) else 0.0 for c in completions]
+
+    return format
+
+
+def length_penalty(max_chars: int) -> Callable:
+    def length(completions, **_):  # 0 up to max_chars, then -1 per max_chars characters beyond
+        return [-max(0, len(_text(c)) - max_chars) / max_chars for c in completions]
+
+    return length
+
+
+def _module(name: str, base: Path, field: str):
+    beside = base / (name.replace(".", "/") + ".py")
+    if beside.is_file():
+        spec = importlib.util.spec_from_file_location(f"toolbox_rewards.{name}", beside)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # pickling (dataloader workers) finds it again
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as exc:
+            raise UserError(f"{field}: {beside}: importing it failed: {first_line(exc)}") from None
+        return mod
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            raise UserError(f"{field}: no {beside.name} beside the config ({base}) and no installed module "
+                            f"{name!r}") from None
+        raise UserError(f"{field}: importing {name!r} failed: {first_line(exc)}") from None
+    except Exception as exc:
+        raise UserError(f"{field}: importing {name!r} failed: {first_line(exc)}") from None
+
+
+def resolve(cfg, base: Path) -> tuple[list[Callable], list[float]]:
+    """(reward functions, weights) of `grpo.rewards`; UserError naming the entry otherwise."""
+    rewards = cfg.grpo.rewards
+    if not rewards:
+        raise UserError("grpo.rewards: objective grpo needs at least one reward function "
+                        "(format, length, or module:function)")
+    funcs = []
+    for i, r in enumerate(rewards):
+        field = f"grpo.rewards.{i}.function"
+        if r.function == "format":
+            funcs.append(format_reward(r.pattern))
+        elif r.function == "length":
+            funcs.append(length_penalty(r.max_chars))
+        else:
+            mod_name, _, attr = r.function.partition(":")
+            mod = _module(mod_name, base, field)
+            if not hasattr(mod, attr):
+                raise UserError(f"{field}: {r.function}: module {mod_name!r} has no function {attr!r}")
+            fn = getattr(mod, attr)
+            if not callable(fn):
+                raise UserError(f"{field}: {r.function}: {mod_name}.{attr} is a {type(fn).__name__}, not callable")
+            funcs.append(fn)
+    return funcs, [r.weight for r in rewards]
+
+
+TRIAL_ROWS = 4  # rows each reward function is called on before the model loads
+
+
+def stand_in(prompt):
+    """The completion of the trial call: the prompt's own text (a conversation: its last message's
+    text, as an assistant message), so that a reward function sees text of its own data's kind."""
+    return [{"role": "assistant", "content": _text(prompt)}] if isinstance(prompt, list) else prompt
+
+
+def _problem(out, n: int) -> str | None:
+    """What is wrong with a reward function's output for n completions, or None."""
+    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
+        return f"returned {type(out).__name__}, not a list of numbers"
+    if len(out) != n:
+        return f"returned {len(out)} rewards for {n} completions (one per completion)"
+    for k, x in enumerate(out):
+        if x is None:
+            return f"returned None for completion {k + 1} (a missing reward: every completion needs a number)"
+        number = isinstance(x, numbers.Real) or (hasattr(x, "item") and getattr(x, "ndim", None) == 0)
+        if not number or isinstance(x, (str, bytes)):
+            return f"returned {type(x).__name__} {str(x)[:40]!r} for completion {k + 1}, not a number"
+        if not math.isfinite(float(x)):
+            return f"returned {float(x)} for completion {k + 1}"
+    return None
+
+
+def trial(cfg, funcs, ds, tok, field: str) -> None:
+    """Each reward function called as TRL's GRPOTrainer calls it (_calculate_rewards: prompts,
+    completions, completion_ids, the data's other columns, trainer_state, log_extra, log_metric), on
+    the first rows of `ds` with stand-in completions; UserError naming the function otherwise."""
+    from transformers import TrainerState
+
+    rows = ds.select(range(min(TRIAL_ROWS, len(ds)))).to_list()
+    prompts = [r["prompt"] for r in rows]
+    completions = [stand_in(p) for p in prompts]
+    kw = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion", "completion_ids")}
+    kw.update(completion_ids=[tok(_text(c), add_special_tokens=False)["input_ids"] for c in completions],
+              trainer_state=TrainerState(), log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
+    how = (f"(called before the model loads on {len(rows)} rows of {field}, each prompt's own text standing in "
+           "for its completion)")
+    for i, (r, fn) in enumerate(zip(cfg.grpo.rewards, funcs)):
+        name = f"grpo.rewards.{i}.function: {r.function}"
+        try:
+            out = fn(prompts=prompts, completions=completions, **kw)
+            if inspect.isawaitable(out):  # TRL runs async reward functions too
+                out = asyncio.run(out)
+        except Exception as exc:
+            raise UserError(f"{name}: raised {type(exc).__name__}: {first_line(exc, 200)} {how}") from None
+        why = _problem(out, len(prompts))
+        if why:
+            raise UserError(f"{name}: {why} {how}")
+
+
+def check(p, world_size: int, tok=None, sets=()) -> tuple[list, list[float]] | None:
+    """GRPO, before the model loads: the generation mode can run here, the groups fill the batch and
+    the reward functions resolve; with `tok` and `sets` ((dataset, field), ...) each function is
+    called on a few rows of each (`trial`). Returns (functions, weights); None for other objectives."""
+    cfg = p.cfg
+    if cfg.objective != "grpo":
+        return None
+    from toolbox_train.planning import generation
+
+    why = generation.refusal(cfg, p.backend, p.gpu)
+    if why:
+        raise UserError(p.locate(why))
+    g = cfg.grpo.num_generations
+    batch = cfg.train.per_device_batch_size * p.grad_accum * world_size
+    if batch % g:
+        raise UserError(p.locate(f"grpo.num_generations: {g} completions per prompt must divide the global "
+                                 f"batch of completions ({batch}: per_device_batch_size x accumulation x ranks)"))
+    try:
+        funcs, weights = resolve(cfg, p.base)
+        for ds, field in sets:
+            trial(cfg, funcs, ds, tok, field)
+        return funcs, weights
+    except UserError as exc:
+        raise UserError(p.locate(str(exc))) from None

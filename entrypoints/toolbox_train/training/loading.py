@@ -1,0 +1,86 @@
+"""Model loading: the Hugging Face path (transformers + a PEFT LoraConfig) and the Unsloth path.
+
+Both return (model, tokenizer, peft_config or None); the Trainer applies a PEFT config itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolbox_train.models.arithmetic import LORA_ALL_LINEAR
+from toolbox_train.planning.plan import Dist, Plan, using_fsdp
+from toolbox_train.models.lora import VISION_PARTS, peft_config
+
+
+def torch_dtype(p: Plan):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[p.precision]
+
+
+def load_hf(p: Plan, dist: Dist):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw: dict[str, Any] = dict(revision=p.cfg.model.revision, trust_remote_code=p.cfg.model.trust_remote_code,
+                              dtype=torch_dtype(p))
+    if p.cfg.model.attn_implementation:
+        kw["attn_implementation"] = p.cfg.model.attn_implementation
+    if p.gpu and not using_fsdp():
+        kw["device_map"] = {"": dist.local_rank}  # each DDP rank on its own device
+    if p.cfg.method in ("qlora", "lora-8bit"):
+        from transformers import BitsAndBytesConfig
+
+        kw["quantization_config"] = (
+            BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+            if p.cfg.method == "qlora" else BitsAndBytesConfig(load_in_8bit=True))
+    tok = AutoTokenizer.from_pretrained(p.model_path, revision=p.cfg.model.revision,
+                                        trust_remote_code=p.cfg.model.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(p.model_path, **kw)
+    if p.multimodal:
+        # Text data never reaches the vision tower: freeze it so DDP needs no unused-parameter search.
+        for name, prm in model.named_parameters():
+            if any(part in name for part in VISION_PARTS):
+                prm.requires_grad_(False)
+    return model, tok, (peft_config(p) if p.cfg.method != "full" else None)
+
+
+def load_unsloth(p: Plan, dist: Dist):
+    from unsloth import FastLanguageModel, FastModel
+
+    # FastModel handles Gemma 3 (and its multimodal wrapper); FastLanguageModel the text-only families.
+    loader = FastModel if (p.multimodal or p.model_config.model_type.startswith("gemma3")) else FastLanguageModel
+    gc = p.gradient_checkpointing  # resolved by the memory plan (train.gradient_checkpointing: auto)
+    use_gc = "unsloth" if gc in (True, "unsloth") else False
+    model, tok = loader.from_pretrained(
+        model_name=p.model_path,
+        max_seq_length=p.cfg.data.max_seq_length,
+        dtype=None if p.precision == "fp32" else torch_dtype(p),
+        load_in_4bit=p.cfg.method == "qlora",
+        load_in_8bit=p.cfg.method == "lora-8bit",
+        load_in_16bit=p.cfg.method == "lora",  # Unsloth's loader defaults to 4-bit otherwise
+        full_finetuning=p.cfg.method == "full",
+        device_map={"": dist.local_rank} if dist.world_size > 1 else "sequential",
+        use_gradient_checkpointing=use_gc,
+        trust_remote_code=p.cfg.model.trust_remote_code,
+        revision=p.cfg.model.revision,
+    )
+    tok = getattr(tok, "tokenizer", tok)  # FastModel returns a processor for multimodal models
+    if p.cfg.method != "full":
+        c = p.cfg.lora
+        kw: dict[str, Any] = dict(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, bias="none",
+                                  use_gradient_checkpointing=use_gc, random_state=p.cfg.train.seed)
+        if c.target_modules != "all-linear":
+            kw["target_modules"] = c.target_modules
+        elif loader is FastLanguageModel:
+            kw["target_modules"] = list(LORA_ALL_LINEAR)
+        if loader is FastModel:
+            kw.update(finetune_vision_layers=False, finetune_language_layers=True,
+                      finetune_attention_modules=True, finetune_mlp_modules=True)
+        model = loader.get_peft_model(model, **kw)
+    return model, tok, None
+
+
+def load(p: Plan, dist: Dist):
+    return load_unsloth(p, dist) if p.backend == "unsloth" else load_hf(p, dist)

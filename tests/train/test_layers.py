@@ -1,0 +1,82 @@
+"""The training package in layers (issue 34): each folder of `toolbox_train` is one layer, and a
+module imports only from its own layer and the layers below it, in the order docs/architecture.md
+writes down (## Layers of the training package). Imports inside functions and under
+TYPE_CHECKING count, as for the host's circles (tests/test_layout_host.py); the graph is read
+with `ast`, nothing is imported to check it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from test_layout_host import import_graph, modules
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "entrypoints" / "toolbox_train"
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def layer_order(text: str) -> list[str]:
+    """The layers as the page lists them, bottom first: 'toolbox_train' (its own modules), then
+    its folders ('config', ...)."""
+    m = re.search(r"^## Layers of the training package\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert m, f"{DOC}: no section '## Layers of the training package'"
+    return [name.rstrip("/") for name in re.findall(r"^\d+\. `([\w/]+)`", m.group(1), re.M)]
+
+
+def back_edges(package: Path, order: list[str]) -> list[str]:
+    """Every import of a module from a layer above its own: 'a -> b (layer x imports layer y)'."""
+    top = package.name
+    folders = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+
+    def layer(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 and parts[1] in folders else top
+
+    rank = {name: i for i, name in enumerate(order)}
+    graph = import_graph(modules({top: package}))
+    found = []
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            la, lb = layer(a), layer(b)
+            if rank[lb] > rank[la]:
+                found.append(f"{a} -> {b} (layer {la} imports layer {lb})")
+    return found
+
+
+def test_the_page_lists_every_folder_of_the_training_package_once():
+    order = layer_order(DOC.read_text(encoding="utf-8"))
+    folders = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").is_file())
+    assert order[0] == "toolbox_train" and len(order) == len(set(order)), order
+    assert sorted(order[1:]) == folders, f"the page's layers {order[1:]}; the package's folders {folders}"
+
+
+def test_imports_point_down_the_layers_only():
+    found = back_edges(PKG, layer_order(DOC.read_text(encoding="utf-8")))
+    assert not found, "imports against the layer order of docs/architecture.md:\n" + "\n".join(found)
+
+
+def test_an_added_back_edge_is_found(tmp_path):
+    # A check that cannot fail proves nothing: the real package, with one import added inside a
+    # function (config's schema asking the finetune command), and one under TYPE_CHECKING.
+    copy = tmp_path / "toolbox_train"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    order = layer_order(DOC.read_text(encoding="utf-8"))
+    assert back_edges(copy, order) == []
+    schema = copy / "config" / "schema.py"
+    schema.write_text(schema.read_text() + "\n\ndef _late():\n    from toolbox_train.commands import finetune\n")
+    runs = copy / "runs" / "folder.py"
+    runs.write_text(runs.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from toolbox_train.training.trainer import Toolbox\n")
+    assert back_edges(copy, order) == [
+        "toolbox_train.config.schema -> toolbox_train.commands.finetune (layer config imports layer commands)",
+        "toolbox_train.runs.folder -> toolbox_train.training.trainer (layer runs imports layer training)"]
+
+
+def test_no_folder_over_15_modules_and_no_module_over_400_lines():
+    big_folders = {str(d.relative_to(ROOT)): n for d in [PKG, *PKG.rglob("*")] if d.is_dir() and d.name != "__pycache__"
+                   for n in [len([f for f in d.glob("*.py") if f.name != "__init__.py"])] if n > 15}
+    long_modules = {str(f.relative_to(ROOT)): n for f in PKG.rglob("*.py")
+                    for n in [len(f.read_text(encoding="utf-8").splitlines())] if n > 400}
+    assert not big_folders and not long_modules, (big_folders, long_modules)
