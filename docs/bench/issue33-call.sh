@@ -9,6 +9,10 @@
 #       2. the preference rows whose peaks the memory plan is checked against (dpo_rows.py, llama-1b, prompt
 #          512 + completion 512, batch 4): DPO and ORPO finetune hf, and TRL's DPOTrainer under Unsloth (fixed:
 #          load_in_4bit=False with load_in_16bit).
+# moe) gpt-oss-20b-4l (seq 1024 x batch 8) HF LoRA, three interleaved repeats, both sides training the same
+#          objective: bare + Liger with the router's load-balancing loss (the model config's coefficient, as TRL's
+#          SFTTrainer) against finetune's defaults (its sync-free step now takes the router loss: Liger's head), and
+#          both with train.router_aux_loss_coef=0 (no router loss); no preference rows.
 # export) docs/bench/export-call.sh as it is, with the tarballs of docs/bench/build_llama_tools.py in .gpu/llama.
 # Needs in the checkout's .gpu/ (carry .gpu): site.tgz (the cuda stack's site-packages), src/ (git archive HEAD
 # entrypoints docs/bench), llama/ (export only). CPU dry run of `rows`: DRY=1 (tiny shapes, no Liger/Unsloth rows).
@@ -28,9 +32,11 @@ if [ "$PART" = export ]; then
   exit $?
 fi
 G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora,gpt-oss-20b-4l/finetune-hf-lora+lm_head_kernel=trl'
+[ "$PART" = moe ] && G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora,gpt-oss-20b-4l/bare-hf-lora+liger+router_aux_loss_coef=0,gpt-oss-20b-4l/finetune-hf-lora+router_aux_loss_coef=0'
 PY=python3; DEV=cuda
 if [ -n "${DRY:-}" ]; then
   G='1*tiny-gpt-oss/bare-hf-lora,tiny-gpt-oss/finetune-hf-lora,tiny-gpt-oss/finetune-hf-lora+lm_head_kernel=trl'
+  [ "$PART" = moe ] && G='1*tiny-gpt-oss/bare-hf-lora,tiny-gpt-oss/finetune-hf-lora,tiny-gpt-oss/bare-hf-lora+router_aux_loss_coef=0,tiny-gpt-oss/finetune-hf-lora+router_aux_loss_coef=0'
   PY=${PY_DRY:-python3}; DEV=cpu; export DEVICE=cpu SEQ=64 BATCH=2 WARMUP=1 STEPS=2
 else
   export SEQ=1024 BATCH=8
@@ -41,7 +47,7 @@ echo "gpt-oss rc $?"
 [ -f $OUT/gptoss/summary.json ] || $PY $S/docs/bench/issue26_rows.py --summary $OUT/gptoss "$G"
 grep -E "^bench: |RATIO|median" $OUT/gptoss/log.txt | grep -v "^bench: ---"
 grep -rh "lm_head_kernel\|lm_head_tokens: all" $OUT/gptoss/ 2>/dev/null | cut -c1-160 | sort | uniq -c | head -5
-[ -n "${DRY:-}" ] && { date -u; exit 0; }  # the preference rows are GPU-only (dpo_rows.py times CUDA)
+[ -n "${DRY:-}" ] || [ "$PART" = moe ] && { date -u; exit 0; }  # the preference rows: GPU-only, `rows` only
 unset SEQ BATCH
 for spec in dpo:finetune,trl-unsloth orpo:finetune; do
   left=$(( ${LIMIT_ALL:-560} - SECONDS )); [ $left -gt 40 ] || break

@@ -183,3 +183,14 @@ def test_output_dir_that_cannot_be_written_is_refused_before_the_model_loads(set
                            capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "read-only file system" in r.stderr, r.stderr
+
+
+def test_router_aux_loss_coef_needs_a_router_and_sft(setup, capsys):
+    tmp, model, data, out = setup  # tiny_model: a llama, no router
+    cfg = write_train_config(tmp / "t.yaml", model, data, out)
+    _check(capsys, ["--config", str(cfg), "--set", "train.router_aux_loss_coef=0.01"],
+           "train.router_aux_loss_coef: 0.01: only for objective sft on a mixture-of-experts model", out)
+    _check(capsys, ["--config", str(cfg), "--set", "train.router_aux_loss_coef=-1"],
+           "train.router_aux_loss_coef", out)
+    _check(capsys, ["--config", str(cfg), "--set", "train.router_aux_loss_coef=nan"],
+           "train.router_aux_loss_coef", out)

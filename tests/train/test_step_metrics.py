@@ -235,3 +235,57 @@ def test_lm_head_kernel_resolves_and_refuses(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "train.lm_head_kernel: liger" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("coef", ["auto", 0.5])
+def test_moe_router_loss_on_the_sync_free_head_is_trls(tmp_path, monkeypatch, coef):
+    """issue 33: on a mixture of experts (GPT-OSS here) TRL's SFTTrainer adds the router's load-balancing
+    loss; the sync-free head (lm_head_tokens all, step metrics summed on the device) adds the same, where it
+    used to fall back to TRL's synced step. Every logged value, aux_loss included, is the synced run's;
+    with train.router_aux_loss_coef 0 the losses differ (the router loss counted)."""
+    import trl.trainer.utils as trl_utils
+    from transformers import TrainerCallback
+
+    from toolbox_train.training import trainer
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", TorchChunkedLogProb)
+    monkeypatch.setattr(trainer, "fused_head_ok", lambda inputs: True)
+    from toolbox_train.training import step_metrics
+
+    model = bench.build_model_dir("tiny-gpt-oss", tmp_path / "model")
+    data = bench.write_text_dataset(tmp_path / "data.jsonl", 16, 40, 500)
+    ours = []
+    deferred = step_metrics.DeferredStepMetrics.fused_nll_deferred
+    monkeypatch.setattr(step_metrics.DeferredStepMetrics, "fused_nll_deferred",
+                        lambda self, *a: ours.append(self.toolbox_plan.cfg.output.step_metrics) or deferred(self, *a))
+
+    class Logs(TrainerCallback):
+        def __init__(self):
+            self.logs = []
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            self.logs.append(dict(logs))
+
+    got = {}
+    for mode, c in (("deferred", coef), ("synced", coef), ("loss", 0)):
+        rec = Logs()
+        cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 48},
+               "method": "lora", "backend": "hf",
+               "train": {"max_steps": 4, "per_device_batch_size": 2, "gradient_accumulation_steps": 2,
+                         "gradient_checkpointing": False, "seed": 0, "router_aux_loss_coef": c},
+               "output": {"dir": str(tmp_path / f"{mode}-{c}"), "progress_bar": False, "step_metrics": mode,
+                          "logging_steps": 2}}
+        from toolbox_train.commands import finetune
+
+        finetune.run(cfg, callbacks=[rec], overwrite=True)
+        got[mode] = [lg for lg in rec.logs if "loss" in lg]
+        resolved = (tmp_path / f"{mode}-{c}" / "config.resolved.yaml").read_text()
+        assert f"router_aux_loss_coef: {c}" in resolved
+    d, s = got["deferred"], got["synced"]
+    assert len(d) == len(s) == 3 and all("aux_loss" in lg for lg in d + s)  # steps 1, 2, 4
+    assert ours == ["deferred"] * 8 + ["loss"] * 8  # the sync-free step took every micro-batch, synced none
+    for a, b in zip(d, s):
+        for k in ("loss", "aux_loss", "grad_norm", "entropy", "mean_token_accuracy", "num_tokens"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (k, a, b)
+    assert all("aux_loss" not in lg for lg in got["loss"])  # coefficient 0: TRL turns the router loss off
+    assert [lg["loss"] for lg in got["loss"]] != pytest.approx([lg["loss"] for lg in d], rel=1e-4)

@@ -89,6 +89,17 @@ def apply_liger(model):
     _apply_liger_kernel_to_instance(model=model)
 
 
+def router_kwargs(model, opts: dict) -> dict:
+    """The forward's arguments that train what TRL's SFTTrainer (finetune) trains on a mixture of experts:
+    the router's load-balancing loss added with the model config's coefficient, unless the row sets
+    router_aux_loss_coef=0 (as finetune's train.router_aux_loss_coef). Dense models: none."""
+    tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if opts.get("router_aux_loss_coef", "auto") == 0 or not hasattr(tc, "output_router_logits") \
+            or not getattr(tc, "router_aux_loss_coef", 0):
+        return {}
+    return {"output_router_logits": True}
+
+
 def attn_implementation(shape: str) -> dict[str, str]:
     """SDPA, where the model has it. transformers' GPT-OSS has none (its attention sinks): no argument,
     so transformers' own default (eager) runs, as in `finetune` without `model.attn_implementation`."""

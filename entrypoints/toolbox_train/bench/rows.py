@@ -15,7 +15,8 @@ from typing import Any
 from toolbox_train.disk import write_json
 from toolbox_train.bench.environment import versions
 from toolbox_train.bench.measure import (CountingCollator, StepTimer, apply_liger, attn_implementation, count_tokens, load_hf,
-                      load_unsloth, lora_config, peak_gib, reset_peak, result_from_steps, spec_device)
+                      load_unsloth, lora_config, peak_gib, reset_peak, result_from_steps, router_kwargs,
+                      spec_device)
 from toolbox_train.bench.shapes import LORA_TARGETS, SHAPES, SPECIAL_TOKENS
 from toolbox_train.bench.synthetic import read_token_batches
 
@@ -32,6 +33,8 @@ def run_bare(spec: dict, model_dir: str) -> dict:
     else:
         model = load_hf(spec, model_dir)
     model.train()
+    # HF rows train finetune's objective (the MoE router loss too); Unsloth's forward is left as it is
+    router = router_kwargs(model, opts) if spec["backend"] == "hf" else {}
     params = [p for p in model.parameters() if p.requires_grad]
     fused = {"fused": True} if device.startswith("cuda") else {}
     opt = torch.optim.AdamW(params, lr=spec["lr"][spec["method"] if spec["method"] == "full" else "lora"],
@@ -43,7 +46,7 @@ def run_bare(spec: dict, model_dir: str) -> dict:
     for cpu_ids in batches:
         ids = cpu_ids.to(device, non_blocking=True)
         mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        out = model(**mb, labels=ids)
+        out = model(**mb, labels=ids, **router)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -125,7 +128,8 @@ def finetune_config(spec: dict, model_dir: str, data_path: str, output_dir: str)
         "seed": 0,
     }
     for opt, key in (("ckpt", "gradient_checkpointing"), ("liger", "liger"), ("optim", "optimizer"),
-                     ("lm_head_tokens", "lm_head_tokens"), ("lm_head_kernel", "lm_head_kernel")):
+                     ("lm_head_tokens", "lm_head_tokens"), ("lm_head_kernel", "lm_head_kernel"),
+                     ("router_aux_loss_coef", "router_aux_loss_coef")):
         if opt in opts:
             train[key] = opts[opt]
     cfg: dict[str, Any] = {

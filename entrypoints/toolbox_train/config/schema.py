@@ -174,6 +174,19 @@ class TrainCfg(_Strict):
         "forward, no recompute; needs train.liger); auto: liger where Liger is on and the head is frozen (LoRA, "
         "QLoRA: one head GEMM fewer a step), else trl")
 
+    router_aux_loss_coef: Literal["auto"] | float = Field(
+        "auto", description="SFT on a mixture-of-experts model (GPT-OSS, Qwen3-MoE, Mixtral): the weight of the "
+        "router's load-balancing loss added to the training loss; auto: the model config's own "
+        "(router_aux_loss_coef in config.json, TRL's default); 0 trains without it. Refused on a model that has no "
+        "router")
+
+    @field_validator("router_aux_loss_coef")
+    @classmethod
+    def _aux(cls, v):
+        if v != "auto" and not (0 <= v < float("inf")):
+            raise ValueError("must be auto or a number >= 0")
+        return v
+
     @field_validator("max_steps")
     @classmethod
     def _steps(cls, v: int) -> int:

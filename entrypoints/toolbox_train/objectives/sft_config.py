@@ -19,4 +19,6 @@ def sft_args(p: Plan, dist: Dist, fmt: str = "text"):
     return SFTConfig(**common_args(p, dist), max_length=c.data.max_seq_length, packing=c.data.packing,
                      shuffle_dataset=c.data.shuffle, dataset_text_field="text", use_liger_kernel=p.liger,
                      assistant_only_loss=responses and fmt == "messages",
-                     completion_only_loss=responses and fmt == "alpaca")
+                     completion_only_loss=responses and fmt == "alpaca",
+                     # None: the model config's own (TRL's default); 0.0 turns the router loss off
+                     router_aux_loss_coef=None if c.train.router_aux_loss_coef == "auto" else c.train.router_aux_loss_coef)

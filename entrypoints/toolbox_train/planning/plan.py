@@ -323,6 +323,10 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         raise UserError("train.lm_head_kernel: liger needs train.liger on (backend hf, a GPU, objective sft) and "
                         f"output.step_metrics: loss (Liger's head gives no entropy or accuracy); liger is {bool(liger)}, "
                         f"step_metrics {cfg.output.step_metrics}")
+    aux, router = cfg.train.router_aux_loss_coef, hasattr(tc, "output_router_logits")
+    if aux != "auto" and (cfg.objective != "sft" or (aux and not router)):
+        raise UserError(f"train.router_aux_loss_coef: {aux}: only for objective sft on a mixture-of-experts model "
+                        f"(objective {cfg.objective}; {model_path} has {'a' if router else 'no'} router)")
     tracking.check(cfg.output)  # each tracker's package, before anything is written
     p = Plan(cfg, base, out, model_path, mc, backend, is_multimodal(mc), grad_accum, world, gpu,
              precision, bool(liger), sync=sync_mode)

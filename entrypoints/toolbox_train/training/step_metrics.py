@@ -74,15 +74,26 @@ def trl_head_settings(module) -> dict | None:
 
 def _hidden_states(model, cfg: dict, head, args, labels, shift_labels, kw):
     """The backbone's last hidden states and the labels they predict (shifted, unless TRL passed
-    shift_labels), on the head's device, and the mask of the labelled positions."""
+    shift_labels), on the head's device, the mask of the labelled positions, and the MoE router's
+    load-balancing loss where the config asks for router logits (else None)."""
     kw["use_cache"] = False
-    hidden = getattr(model, cfg["backbone_attr"])(*args, **kw).last_hidden_state
+    if getattr(cfg["text_config"], "output_router_logits", False):
+        kw.setdefault("output_router_logits", True)  # as TRL's fused forward and the model's own do
+    out = getattr(model, cfg["backbone_attr"])(*args, **kw)
+    hidden = out.last_hidden_state
     if shift_labels is None:
         hidden, labels = hidden[:, :-1], labels[:, 1:]
     else:
         labels = shift_labels
     hidden, labels = hidden.to(head.weight.device), labels.to(head.weight.device)
-    return hidden, labels, labels != -100
+    aux = None
+    if kw.get("output_router_logits"):
+        # Mixtral's function, which every MoE family shares (TRL's fused forward takes the same)
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+        tc = cfg["text_config"]
+        aux = load_balancing_loss_func(out.router_logits, tc.num_experts, tc.num_experts_per_tok, kw.get("attention_mask"))
+    return hidden, labels, labels != -100, aux
 
 
 def all_positions_forward(trl_forward, cfg: dict):
@@ -90,8 +101,9 @@ def all_positions_forward(trl_forward, cfg: dict):
     a mask index has a data-dependent size, so it reads the mask's count back to the host (a sync) in the
     forward and again in its backward (index_put). Here every position goes through the head, the
     unlabelled ones with target 0, and their outputs are zeroed (torch.where: no gradient reaches them):
-    the same per-token outputs, loss and gradients, and no sync. MoE router losses and FSDP2's DTensor
-    head take TRL's forward."""
+    the same per-token outputs, loss and gradients, and no sync. `loss` is the NLL alone; an MoE router's
+    load-balancing loss comes beside it (aux_loss), weighted by fused_nll_deferred as TRL's compute_loss
+    does. FSDP2's DTensor head takes TRL's forward."""
 
     def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):
         import torch
@@ -99,11 +111,10 @@ def all_positions_forward(trl_forward, cfg: dict):
         from trl.trainer import utils
 
         head = self.get_output_embeddings()
-        if (not fused_lm_head or getattr(cfg["text_config"], "output_router_logits", False)
-                or isinstance(head.weight, DTensor)):
+        if not fused_lm_head or isinstance(head.weight, DTensor):
             return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                                num_items_in_batch=num_items_in_batch, **kw)
-        hidden, labels, mask = _hidden_states(self, cfg, head, args, labels, shift_labels, kw)
+        hidden, labels, mask, aux = _hidden_states(self, cfg, head, args, labels, shift_labels, kw)
         autocast = contextlib.nullcontext()
         if cfg["cast_lm_head_to_fp32"]:
             hidden = hidden.float()
@@ -117,7 +128,8 @@ def all_positions_forward(trl_forward, cfg: dict):
             None if x is None else torch.where(mask, x.view(mask.shape), x.new_zeros(())) for x in per_token)
         n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         return utils.FusedCausalLMOutput(loss=-log_probs.sum() / n, log_probs=log_probs, entropy=entropy,
-                                         log_sum_sq_probs=sq, mean_logits=mean, is_top1=top1, label_mask=mask)
+                                         log_sum_sq_probs=sq, mean_logits=mean, is_top1=top1, label_mask=mask,
+                                         aux_loss=aux)
 
     return forward
 
@@ -127,24 +139,23 @@ def liger_head_forward(trl_forward, cfg: dict):
     every position through the head (no mask gather, as all_positions_forward), the gradients of the hidden
     states computed in Liger's forward, so backward does not recompute the logits as TRL's kernel does (the
     bare loops' Liger head). Returns FusedCausalLMOutput with the loss alone (log_probs None): no entropy or
-    top-1, so only with `output.step_metrics: loss`. Router losses, FSDP2's DTensor head, an fp32 head, a
-    temperature or logit scale take TRL's forward."""
+    top-1, so only with `output.step_metrics: loss`. An MoE router's loss comes beside (aux_loss), as in
+    all_positions_forward. FSDP2's DTensor head, an fp32 head, a temperature or logit scale take TRL's forward."""
 
     def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):
         from torch.distributed.tensor import DTensor
         from trl.trainer import utils
 
         head = self.get_output_embeddings()
-        if (not fused_lm_head or getattr(cfg["text_config"], "output_router_logits", False)
-                or isinstance(head.weight, DTensor) or cfg["cast_lm_head_to_fp32"] or cfg["temperature"] != 1
-                or cfg["logit_scale"] != 1):
+        if (not fused_lm_head or isinstance(head.weight, DTensor) or cfg["cast_lm_head_to_fp32"]
+                or cfg["temperature"] != 1 or cfg["logit_scale"] != 1):
             return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                                num_items_in_batch=num_items_in_batch, **kw)
-        hidden, labels, mask = _hidden_states(self, cfg, head, args, labels, shift_labels, kw)
+        hidden, labels, mask, aux = _hidden_states(self, cfg, head, args, labels, shift_labels, kw)
         n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         total = LIGER_FLCE[0](hidden.reshape(-1, hidden.size(-1)), head.weight, labels.reshape(-1), bias=head.bias,
                               ignore_index=-100, reduction="sum", softcap=cfg["final_logit_softcapping"])
-        return utils.FusedCausalLMOutput(loss=total / n, label_mask=mask)
+        return utils.FusedCausalLMOutput(loss=total / n, label_mask=mask, aux_loss=aux)
 
     return forward
 
@@ -217,6 +228,8 @@ class DeferredStepMetrics:
             m, valid = self._metrics["train"], tot["valid"]
             m["entropy"].append(tot["entropy"] / valid if valid else 0.0)
             m["mean_token_accuracy"].append(tot["correct"] / valid if valid else 0.0)
+        if "aux_steps" in tot:  # TRL logs the router loss each step (a host sync); here its mean since the last log
+            self._metrics["train"]["aux_loss"].append(tot["aux_loss"] / tot["aux_steps"])
         if "batch_tokens" in tot:
             self._total_train_tokens += int(tot["batch_tokens"])
             self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
@@ -271,7 +284,7 @@ class DeferredStepMetrics:
         pc = getattr(self.accelerator, "parallelism_config", None)
         return (self._deferred() and not return_outputs and model.training and self.compute_loss_func is None
                 and getattr(self, "label_smoother", None) is None and self.args.loss_type == "nll"
-                and not self.aux_loss_enabled and not (pc is not None and getattr(pc, "sp_enabled", False))
+                and not (pc is not None and getattr(pc, "sp_enabled", False))
                 and ("attention_mask" in inputs or "position_ids" in inputs))
 
     def fused_nll_deferred(self, model, inputs, num_items_in_batch):
@@ -281,6 +294,8 @@ class DeferredStepMetrics:
         import torch
 
         inputs["use_cache"] = False
+        if self.aux_loss_enabled:
+            inputs["output_router_logits"] = True  # as TRL's compute_loss (VLM wrappers take it only as an argument)
         loss_only = self._loss_only()
         all_tokens = self.toolbox_plan.cfg.train.lm_head_tokens == "all"
         liger = loss_only and self._liger_head()
@@ -298,6 +313,11 @@ class DeferredStepMetrics:
             loss = (-out.log_probs).sum() / torch.as_tensor(n).clamp(min=1)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        if self.aux_loss_enabled and out.aux_loss is not None:
+            # TRL's: a per-micro-batch mean that DDP averages; with num_items_in_batch, averaged over accumulation
+            steps = self.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
+            loss = loss + self.router_aux_loss_coef * out.aux_loss / steps
+            self._pend(aux_loss=out.aux_loss.detach().float(), aux_steps=1)
         batch_tokens = (inputs["attention_mask"].sum() if "attention_mask" in inputs
                         else inputs["position_ids"].size(1))
         if loss_only:
