@@ -12,7 +12,7 @@
 # moe) gpt-oss-20b-4l (seq 1024 x batch 8) HF LoRA, three interleaved repeats, both sides training the same
 #          objective: bare + Liger with the router's load-balancing loss (the model config's coefficient, as TRL's
 #          SFTTrainer) against finetune's defaults (its sync-free step now takes the router loss: Liger's head), and
-#          both with train.router_aux_loss_coef=0 (no router loss); no preference rows.
+#          with MOE_ZERO=1 both again with train.router_aux_loss_coef=0 (no router loss); no preference rows.
 # export) docs/bench/export-call.sh as it is, with the tarballs of docs/bench/build_llama_tools.py in .gpu/llama.
 # Needs in the checkout's .gpu/ (carry .gpu): site.tgz (the cuda stack's site-packages), src/ (git archive HEAD
 # entrypoints docs/bench), llama/ (export only). CPU dry run of `rows`: DRY=1 (tiny shapes, no Liger/Unsloth rows).
@@ -32,7 +32,8 @@ if [ "$PART" = export ]; then
   exit $?
 fi
 G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora,gpt-oss-20b-4l/finetune-hf-lora+lm_head_kernel=trl'
-[ "$PART" = moe ] && G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora,gpt-oss-20b-4l/bare-hf-lora+liger+router_aux_loss_coef=0,gpt-oss-20b-4l/finetune-hf-lora+router_aux_loss_coef=0'
+[ "$PART" = moe ] && G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora'
+[ "$PART" = moe ] && [ -n "${MOE_ZERO:-}" ] && G="$G,gpt-oss-20b-4l/bare-hf-lora+liger+router_aux_loss_coef=0,gpt-oss-20b-4l/finetune-hf-lora+router_aux_loss_coef=0"
 PY=python3; DEV=cuda
 if [ -n "${DRY:-}" ]; then
   G='1*tiny-gpt-oss/bare-hf-lora,tiny-gpt-oss/finetune-hf-lora,tiny-gpt-oss/finetune-hf-lora+lm_head_kernel=trl'
