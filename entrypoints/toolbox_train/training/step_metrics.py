@@ -153,11 +153,26 @@ def liger_head_forward(trl_forward, cfg: dict):
                                num_items_in_batch=num_items_in_batch, **kw)
         hidden, labels, mask, aux = _hidden_states(self, cfg, head, args, labels, shift_labels, kw)
         n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        chunk = liger_chunk_mem_const(cfg["text_config"])
         total = LIGER_FLCE[0](hidden.reshape(-1, hidden.size(-1)), head.weight, labels.reshape(-1), bias=head.bias,
-                              ignore_index=-100, reduction="sum", softcap=cfg["final_logit_softcapping"])
+                              ignore_index=-100, reduction="sum", softcap=cfg["final_logit_softcapping"],
+                              **({"chunk_mem_const": chunk} if chunk != 1 else {}))
         return utils.FusedCausalLMOutput(loss=total / n, label_mask=mask, aux_loss=aux)
 
     return forward
+
+
+def liger_chunk_mem_const(text_config) -> int:
+    """The chunk budget Liger's own forward of this model family gives its fused cross-entropy (GPT-OSS's:
+    8, for a 201k vocabulary: 8 chunks of 1,024 tokens a step at 8,192 tokens instead of 64 of 128; what the
+    bare + Liger loop runs), else Liger's default, 1. Read from the module at run time."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"liger_kernel.transformers.model.{text_config.model_type}")
+    except (ImportError, AttributeError):
+        return 1
+    return next((v for k, v in vars(mod).items() if k.endswith("_FLCE_CHUNK_MEM_CONST") and type(v) is int), 1)
 
 
 def _liger_flce(*args, **kw):
