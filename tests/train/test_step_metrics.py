@@ -289,3 +289,51 @@ def test_moe_router_loss_on_the_sync_free_head_is_trls(tmp_path, monkeypatch, co
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (k, a, b)
     assert all("aux_loss" not in lg for lg in got["loss"])  # coefficient 0: TRL turns the router loss off
     assert [lg["loss"] for lg in got["loss"]] != pytest.approx([lg["loss"] for lg in d], rel=1e-4)
+
+
+def test_liger_head_takes_the_chunk_budget_of_liger_s_own_forward(tmp_path, monkeypatch):
+    """issue 33 (H100, 2026-12-06): with the router loss on both sides, finetune's Liger head on GPT-OSS ran
+    0.892x the bare + Liger loop, whose forward (Liger's GPT-OSS lce_forward) passes chunk_mem_const 8 to the
+    fused cross-entropy; finetune's call took the default 1 (64 chunks of 128 tokens a step instead of 8 of
+    1,024 on a 201k vocabulary). finetune now reads the family's constant from Liger's model module. Liger is
+    GPU-only: a module with the constant stands in for liger_kernel.transformers.model.gpt_oss."""
+    import json
+    import sys
+    import types
+
+    import torch
+    import trl.trainer.utils as trl_utils
+
+    from toolbox_train.commands import finetune
+    from toolbox_train.training import step_metrics, trainer
+
+    calls = []
+
+    def flce(x, w, target, bias=None, ignore_index=-100, reduction="mean", softcap=None, chunk_mem_const=1):
+        calls.append(chunk_mem_const)
+        z = (x @ w.T + (0 if bias is None else bias)).float()
+        return torch.nn.functional.cross_entropy(z, target, ignore_index=ignore_index, reduction=reduction)
+
+    fake = types.ModuleType("liger_kernel.transformers.model.gpt_oss")
+    fake._GPT_OSS_FLCE_CHUNK_MEM_CONST = 8
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.model.gpt_oss", fake)
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", TorchChunkedLogProb)
+    monkeypatch.setattr(trainer, "fused_head_ok", lambda inputs: True)
+    monkeypatch.setattr(step_metrics, "LIGER_FLCE", [flce])
+    model = bench.build_model_dir("tiny-gpt-oss", tmp_path / "model")
+    data = bench.write_text_dataset(tmp_path / "data.jsonl", 16, 40, 500)
+    losses = {}
+    for kernel in ("trl", "liger"):
+        monkeypatch.setattr(step_metrics.DeferredStepMetrics, "_liger_head", lambda self, f=kernel == "liger": f)
+        cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 48},
+               "method": "lora", "backend": "hf",
+               "train": {"max_steps": 3, "per_device_batch_size": 2, "gradient_checkpointing": False, "seed": 0},
+               "output": {"dir": str(tmp_path / kernel), "progress_bar": False, "logging_steps": 1}}
+        finetune.run(cfg, overwrite=True)
+        losses[kernel] = [m["loss"] for m in map(json.loads, (tmp_path / kernel / "metrics.jsonl").read_text()
+                                                 .splitlines()) if "loss" in m]
+    assert calls == [8, 8, 8]  # one call a step, the family's budget
+    assert losses["liger"] == pytest.approx(losses["trl"], rel=1e-4)  # the router loss on both
+    llama = types.SimpleNamespace(model_type="llama")
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.model.llama", types.ModuleType("llama"))
+    assert step_metrics.liger_chunk_mem_const(llama) == 1
