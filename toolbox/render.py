@@ -42,29 +42,29 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def _context(stack: Stack) -> dict:
-    active = components.active(stack)
+def _context(stack: Stack, parts: list[components.Part]) -> dict:
     builders: list[str] = []
-    for c in active:
-        if c.builder is None or not c.builds(stack):
+    for part in parts:
+        if part.builder is None:
             continue
         # One shared devel stage (compilers), placed before the first builder that needs it.
-        if c.needs_devel(stack) and DEVEL_STAGE not in builders:
+        if part.needs_devel and DEVEL_STAGE not in builders:
             builders.append(DEVEL_STAGE)
-        builders.append(c.builder)
+        builders.append(part.builder)
     variables = {
         "stack": stack,
         "lock_digest": stack.digest(),
         "builders": builders,
-        "runtimes": [c.runtime for c in active if c.runtime],
+        "runtimes": [part.component.runtime for part in parts if part.component.runtime],
     }
     owner: dict[str, str] = {}
-    for c in active:
-        for key, value in c.variables(stack, stack.pin_set).items():
+    for part in parts:
+        name = part.component.name
+        for key, value in part.variables.items():
             if key in RESERVED or key in owner:
-                raise ToolError(f"component {c.name}: template variable {key!r} is already "
+                raise ToolError(f"component {name}: template variable {key!r} is already "
                                 f"{'render' if key in RESERVED else owner[key]}'s")
-            owner[key] = c.name
+            owner[key] = name
             variables[key] = value
     return variables
 
@@ -76,8 +76,8 @@ def _render(template: str, **variables) -> str:
         raise ToolError(f"template error in dockerfiles/{template}: {exc}") from exc
 
 
-def render_dockerfile(stack: Stack) -> str:
-    return _render("Dockerfile.j2", **_context(stack))
+def render_dockerfile(stack: Stack, parts: list[components.Part] | None = None) -> str:
+    return _render("Dockerfile.j2", **_context(stack, components.parts(stack) if parts is None else parts))
 
 
 class _CopyFailed(Exception):
@@ -122,7 +122,8 @@ def write_context(stack: Stack, dest: Path) -> Path:
     parent = dest.parent
     if not parent.is_dir():
         raise UserError(f"{dest}: folder {parent} does not exist")
-    dockerfile = render_dockerfile(stack)
+    parts = components.parts(stack)  # every component asked once, for the Dockerfile and its files
+    dockerfile = render_dockerfile(stack, parts)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
     except OSError as exc:
@@ -130,9 +131,9 @@ def write_context(stack: Stack, dest: Path) -> Path:
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
         (tmp / "stack.lock.yaml").write_text(lock_document(stack.model, stack.pin_set), encoding="utf-8")
-        for c in components.active(stack):
-            for entry in c.context(stack):
-                _place(entry, tmp, stack, c.name)
+        for part in parts:
+            for entry in part.context:
+                _place(entry, tmp, stack, part.component.name)
         if dest.exists():
             dest.rmdir()
         os.replace(tmp, dest)

@@ -82,6 +82,30 @@ def active(stack: "Stack") -> list[Component]:
     return [c for c in _all() if c.applies(stack)]
 
 
+@dataclass(frozen=True)
+class Part:
+    """What one active component gives the image, each of its hooks asked once (render collects these)."""
+
+    component: Component
+    builder: str | None  # its builder stage's template, where this stack needs that stage
+    needs_devel: bool
+    variables: dict[str, Any]
+    context: list[ContextFile]
+
+
+def parts(stack: "Stack") -> list[Part]:
+    """Every active component's contribution, in ORDER: one pass over the components for render
+    (the pins are the other, when the stack is resolved: the digest comes before the variables)."""
+    out = []
+    for c in _all():
+        if not c.applies(stack):
+            continue
+        builds = c.builder is not None and c.builds(stack)
+        out.append(Part(c, c.builder if builds else None, builds and c.needs_devel(stack),
+                        c.variables(stack, stack.pin_set), c.context(stack)))
+    return out
+
+
 def pins(stack: "Stack") -> dict[str, str]:
     """Every active component's pins, sorted: what the stack's digest is computed from."""
     out: dict[str, str] = {}

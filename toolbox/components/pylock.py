@@ -3,11 +3,12 @@
 No templates of its own: torch.j2 installs from its torch part while torch's pins still match
 the lock (`python_lock_torch`), hf.j2 from the whole lock while every pin does (`python_lock`).
 The used lock's sha256 is a pin, so a different dependency set never shares an image tag.
+What the lock holds for these pins is read once, when the stack is resolved (`stack.python_lock`,
+toolbox.stack.pylock.LockState); this component only passes it on.
 """
 
 import hashlib
 
-from toolbox.stack import pylock
 from toolbox.components import Component, ContextFile
 
 
@@ -15,24 +16,12 @@ def _parts(stack) -> tuple[str | None, str | None]:
     """(torch part, whole lock) as far as each still holds for the stack's pins; no torch part
     where AMD's index serves torch (first-use: not in the lock). With a `ray:` block, the whole
     lock leaves out what only ray pulls in: ray_part() has it, for the ray layer."""
-    torch_lock, whole = pylock.torch_current(stack), pylock.current(stack)
-    torch_part = pylock.split(torch_lock.read_text(encoding="utf-8"))[0] if torch_lock else None
-    everything = None
-    if whole:
-        text = whole.read_text(encoding="utf-8")
-        ray_only = pylock.only(text, "ray") if stack.model.ray is not None else set()
-        everything = pylock.split(text, keep=lambda n: n not in ray_only)[1]
-    return torch_part or None, everything
+    return stack.python_lock.torch_part, stack.python_lock.everything
 
 
 def ray_part(stack) -> str | None:
     """The lock lines of ray[train] and what only it pulls in (None: no ray block, or a stale lock)."""
-    whole = pylock.current(stack) if stack.model.ray is not None else None
-    if not whole:
-        return None
-    text = whole.read_text(encoding="utf-8")
-    ray_only = pylock.only(text, "ray")
-    return pylock.split(text, keep=lambda n: n in ray_only)[1]
+    return stack.python_lock.ray_part
 
 
 def _pins(stack):
@@ -41,7 +30,7 @@ def _pins(stack):
     if torch_part is not None:
         pins["python.lock.torch.sha256"] = hashlib.sha256(torch_part.encode()).hexdigest()
     if everything is not None:
-        pins["python.lock.sha256"] = pylock.content_digest(pylock.current(stack))
+        pins["python.lock.sha256"] = stack.python_lock.digest
     return pins
 
 

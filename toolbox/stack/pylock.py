@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 from toolbox.errors import ToolError, UserError
@@ -185,11 +186,40 @@ def torch_current(stack) -> Path | None:
     return _matches(stack, "torch")
 
 
+@dataclass(frozen=True)
+class LockState:
+    """The stack's Python lock as a build uses it, read once per resolved stack (stack.load sets it
+    as `stack.python_lock`): the lock made from the stack's pins and the one whose torch part still
+    holds (None: none), the texts the image's pip steps install (components.pylock puts them in the
+    build context: the torch part, the rest less what only ray pulls in, ray's part), and the pin."""
+
+    whole: Path | None
+    torch: Path | None
+    torch_part: str | None
+    everything: str | None
+    ray_part: str | None
+    digest: str | None  # content_digest(whole): python.lock.sha256
+
+
+def state(stack) -> LockState:
+    """The stack's LockState, from the lock files as they are now."""
+    torch_lock, whole = torch_current(stack), current(stack)
+    torch_part = split(torch_lock.read_text(encoding="utf-8"))[0] if torch_lock else None
+    everything = ray = digest = None
+    if whole:
+        text = whole.read_text(encoding="utf-8")
+        ray_only = only(text, "ray") if stack.model.ray is not None else set()
+        everything = split(text, keep=lambda n: n not in ray_only)[1]
+        ray = split(text, keep=lambda n: n in ray_only)[1] if stack.model.ray is not None else None
+        digest = content_digest(whole)
+    return LockState(whole, torch_lock, torch_part or None, everything, ray, digest)
+
+
 def check(stack, ref: str | None, overrides=(), unlocked: bool = False) -> str | None:
     """Refuse a stale lock (UserError, one line); with `unlocked`, or for a stack never locked,
     the warning line to print instead (None when the lock holds)."""
-    p = lock_path(stack)
-    if current(stack) is not None:
+    p, lock = lock_path(stack), stack.python_lock
+    if lock.whole is not None:
         return None
     if not p.is_file():
         return (f"toolbox: warning: stack {stack.model.name} has no Python lock ({p}): its dependencies "
@@ -198,7 +228,7 @@ def check(stack, ref: str | None, overrides=(), unlocked: bool = False) -> str |
     if not unlocked:
         raise UserError(f"{p}: the Python lock is for other pins than this build's: run `{cmd}` "
                         "(or build --unlocked: no hash checks)")
-    part = " (its torch part still holds and is used)" if torch_current(stack) else ""
+    part = " (its torch part still holds and is used)" if lock.torch else ""
     return (f"toolbox: warning: {p} was made for other pins{part}; this build installs the rest "
             f"unlocked (`{cmd}` locks this set)")
 
