@@ -75,8 +75,15 @@ def test_an_added_back_edge_is_found(tmp_path):
 
 
 def test_no_folder_over_15_modules_and_no_module_over_400_lines():
-    big_folders = {str(d.relative_to(ROOT)): n for d in [PKG, *PKG.rglob("*")] if d.is_dir() and d.name != "__pycache__"
-                   for n in [len([f for f in d.glob("*.py") if f.name != "__init__.py"])] if n > 15}
-    long_modules = {str(f.relative_to(ROOT)): n for f in PKG.rglob("*.py")
-                    for n in [len(f.read_text(encoding="utf-8").splitlines())] if n > 400}
+    # The host's package too: a module over ~400 lines, or a folder over 15, is doing two jobs.
+    big_folders, long_modules = {}, {}
+    for top in (PKG, ROOT / "toolbox"):
+        for d in [top, *top.rglob("*")]:
+            n = len([f for f in d.glob("*.py") if f.name != "__init__.py"]) if d.is_dir() else 0
+            if n > 15:
+                big_folders[str(d.relative_to(ROOT))] = n
+        for f in top.rglob("*.py"):
+            n = len(f.read_text(encoding="utf-8").splitlines())
+            if n > 400:
+                long_modules[str(f.relative_to(ROOT))] = n
     assert not big_folders and not long_modules, (big_folders, long_modules)
