@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     import sys
     from pathlib import Path
 
-    ap = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m toolbox_train.planning.memory", description=__doc__.splitlines()[0])
     ap.add_argument("--strix", action="store_true", help="the table for the known public shapes")
     ap.add_argument("--device-memory", default="128GiB")
     ap.add_argument("--model", help=f"a config.json, or one of: {', '.join(PUBLIC_SHAPES)}")
