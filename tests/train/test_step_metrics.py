@@ -162,24 +162,21 @@ def test_loss_step_metrics_compute_no_entropy_or_accuracy(tmp_path, monkeypatch)
     assert summary["tokens"] == d_summary["tokens"]
 
 
-def test_liger_head_gives_trl_heads_loss(tmp_path, monkeypatch):
-    """issue 33: `train.lm_head_kernel: liger` computes SFT's training loss with Liger's fused linear
-    cross-entropy (no logits recompute in backward, as the bare loops' Liger head) instead of TRL's fused head:
-    the same per-step losses. Liger's kernel is Triton (GPU only): a torch stand-in with its signature runs
-    here, and the plan's Liger flag (a GPU's) is forced."""
+def _losses_by_head(tmp_path, monkeypatch, shape: str, steps: int) -> tuple[dict, list[tuple]]:
+    """Per-step losses of a LoRA run through TRL's head and through Liger's (forced), and each Liger call's
+    (rows, chunk_mem_const). Both kernels are Triton (GPU only): torch stand-ins with their signatures run here."""
     import json
 
     import torch
     import trl.trainer.utils as trl_utils
 
     from toolbox_train.commands import finetune
-    from toolbox_train.training import step_metrics
-    from toolbox_train.training import trainer
+    from toolbox_train.training import step_metrics, trainer
 
-    flce_calls = []
+    calls = []
 
-    def flce(x, w, target, bias=None, ignore_index=-100, reduction="mean", softcap=None):
-        flce_calls.append(x.shape)
+    def flce(x, w, target, bias=None, ignore_index=-100, reduction="mean", softcap=None, chunk_mem_const=1):
+        calls.append((x.shape[0], chunk_mem_const))
         z = (x @ w.T + (0 if bias is None else bias)).float()
         if softcap:
             z = softcap * torch.tanh(z / softcap)
@@ -188,19 +185,27 @@ def test_liger_head_gives_trl_heads_loss(tmp_path, monkeypatch):
     monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", TorchChunkedLogProb)
     monkeypatch.setattr(trainer, "fused_head_ok", lambda inputs: True)
     monkeypatch.setattr(step_metrics, "LIGER_FLCE", [flce])
-    model = bench.build_model_dir("tiny-llama", tmp_path / "model")
+    model = bench.build_model_dir(shape, tmp_path / "model")
     data = bench.write_text_dataset(tmp_path / "data.jsonl", 16, 40, 500)
     losses = {}
     for kernel in ("trl", "liger"):
-        forced = kernel == "liger"
-        monkeypatch.setattr(step_metrics.DeferredStepMetrics, "_liger_head", lambda self, f=forced: f)
+        monkeypatch.setattr(step_metrics.DeferredStepMetrics, "_liger_head", lambda self, f=kernel == "liger": f)
         cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 48},
                "method": "lora", "backend": "hf",
-               "train": {"max_steps": 4, "per_device_batch_size": 2, "gradient_checkpointing": False, "seed": 0},
+               "train": {"max_steps": steps, "per_device_batch_size": 2, "gradient_checkpointing": False, "seed": 0},
                "output": {"dir": str(tmp_path / kernel), "progress_bar": False, "logging_steps": 1}}
         finetune.run(cfg, overwrite=True)
         losses[kernel] = [m["loss"] for m in map(json.loads, (tmp_path / kernel / "metrics.jsonl").read_text()
                                                  .splitlines()) if "loss" in m]
+    return losses, calls
+
+
+def test_liger_head_gives_trl_heads_loss(tmp_path, monkeypatch):
+    """issue 33: `train.lm_head_kernel: liger` computes SFT's training loss with Liger's fused linear
+    cross-entropy (no logits recompute in backward, as the bare loops' Liger head) instead of TRL's fused head:
+    the same per-step losses. Liger's kernel is Triton (GPU only): a torch stand-in with its signature runs
+    here, and the plan's Liger flag (a GPU's) is forced."""
+    losses, flce_calls = _losses_by_head(tmp_path, monkeypatch, "tiny-llama", 4)
     assert len(flce_calls) == 4 and len(losses["trl"]) == 4  # one Liger call a step, only in the liger run
     assert losses["liger"] == pytest.approx(losses["trl"], rel=1e-4)
 
@@ -297,42 +302,16 @@ def test_liger_head_takes_the_chunk_budget_of_liger_s_own_forward(tmp_path, monk
     fused cross-entropy; finetune's call took the default 1 (64 chunks of 128 tokens a step instead of 8 of
     1,024 on a 201k vocabulary). finetune now reads the family's constant from Liger's model module. Liger is
     GPU-only: a module with the constant stands in for liger_kernel.transformers.model.gpt_oss."""
-    import json
     import sys
     import types
 
-    import torch
-    import trl.trainer.utils as trl_utils
-
-    from toolbox_train.commands import finetune
-    from toolbox_train.training import step_metrics, trainer
-
-    calls = []
-
-    def flce(x, w, target, bias=None, ignore_index=-100, reduction="mean", softcap=None, chunk_mem_const=1):
-        calls.append(chunk_mem_const)
-        z = (x @ w.T + (0 if bias is None else bias)).float()
-        return torch.nn.functional.cross_entropy(z, target, ignore_index=ignore_index, reduction=reduction)
+    from toolbox_train.training import step_metrics
 
     fake = types.ModuleType("liger_kernel.transformers.model.gpt_oss")
     fake._GPT_OSS_FLCE_CHUNK_MEM_CONST = 8
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.model.gpt_oss", fake)
-    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", TorchChunkedLogProb)
-    monkeypatch.setattr(trainer, "fused_head_ok", lambda inputs: True)
-    monkeypatch.setattr(step_metrics, "LIGER_FLCE", [flce])
-    model = bench.build_model_dir("tiny-gpt-oss", tmp_path / "model")
-    data = bench.write_text_dataset(tmp_path / "data.jsonl", 16, 40, 500)
-    losses = {}
-    for kernel in ("trl", "liger"):
-        monkeypatch.setattr(step_metrics.DeferredStepMetrics, "_liger_head", lambda self, f=kernel == "liger": f)
-        cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 48},
-               "method": "lora", "backend": "hf",
-               "train": {"max_steps": 3, "per_device_batch_size": 2, "gradient_checkpointing": False, "seed": 0},
-               "output": {"dir": str(tmp_path / kernel), "progress_bar": False, "logging_steps": 1}}
-        finetune.run(cfg, overwrite=True)
-        losses[kernel] = [m["loss"] for m in map(json.loads, (tmp_path / kernel / "metrics.jsonl").read_text()
-                                                 .splitlines()) if "loss" in m]
-    assert calls == [8, 8, 8]  # one call a step, the family's budget
+    losses, calls = _losses_by_head(tmp_path, monkeypatch, "tiny-gpt-oss", 3)
+    assert [c for _, c in calls] == [8, 8, 8]  # one call a step, the family's budget
     assert losses["liger"] == pytest.approx(losses["trl"], rel=1e-4)  # the router loss on both
     llama = types.SimpleNamespace(model_type="llama")
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.model.llama", types.ModuleType("llama"))
