@@ -32,7 +32,7 @@ def _relock(stack_ref) -> None:
     from toolbox.stack.load import load_stack
 
     stack = load_stack(stack_ref)
-    if pylock.lock_path(stack).is_file() and pylock.current(stack) is None:
+    if pylock.lock_path(stack).is_file() and stack.python_lock.whole is None:
         try:
             print(f"python lock: {relock(stack_ref, [])}")
         except (ToolError, UserError) as exc:

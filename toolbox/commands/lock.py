@@ -36,7 +36,7 @@ def run(args) -> int:
         from toolbox.stack.load import load_stack
 
         stack = load_stack(args.stack, args.overrides)
-        found = pylock.current(stack)
+        found = stack.python_lock.whole  # read once by load_stack
         if found is None:
             cmd = " ".join(["toolbox lock --stack", args.stack or stack.name, *(f"--set {o}" for o in args.overrides)])
             raise UserError(f"{pylock.lock_path(stack)}: not made from stack {stack.name}'s pins: run `{cmd}`")
