@@ -13,6 +13,10 @@
 #          objective: bare + Liger with the router's load-balancing loss (the model config's coefficient, as TRL's
 #          SFTTrainer) against finetune's defaults (its sync-free step now takes the router loss: Liger's head), and
 #          with MOE_ZERO=1 both again with train.router_aux_loss_coef=0 (no router loss); no preference rows.
+# speed) after `moe` in the same call when given as `moe+speed`: llama-1b HF full (seq 2048), three interleaved
+#          repeats of bare + Liger at batch 16 (the reference), finetune's speed pick (per_device_batch_size: auto)
+#          and the pick with Liger's fused cross-entropy as the loss head (lm_head_kernel=liger: no recomputed
+#          logits tiles in the backward); whatever time LIMIT_ALL (default 560 s) leaves.
 # export) docs/bench/export-call.sh as it is, with the tarballs of docs/bench/build_llama_tools.py in .gpu/llama.
 # Needs in the checkout's .gpu/ (carry .gpu): site.tgz (the cuda stack's site-packages), src/ (git archive HEAD
 # entrypoints docs/bench), llama/ (export only). CPU dry run of `rows`: DRY=1 (tiny shapes, no Liger/Unsloth rows).
@@ -32,6 +36,7 @@ if [ "$PART" = export ]; then
   exit $?
 fi
 G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora,gpt-oss-20b-4l/finetune-hf-lora+lm_head_kernel=trl'
+SPEED=; [ "$PART" = moe+speed ] && { PART=moe; SPEED=1; }
 [ "$PART" = moe ] && G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora'
 [ "$PART" = moe ] && [ -n "${MOE_ZERO:-}" ] && G="$G,gpt-oss-20b-4l/bare-hf-lora+liger+router_aux_loss_coef=0,gpt-oss-20b-4l/finetune-hf-lora+router_aux_loss_coef=0"
 PY=python3; DEV=cuda
@@ -48,6 +53,17 @@ echo "gpt-oss rc $?"
 [ -f $OUT/gptoss/summary.json ] || $PY $S/docs/bench/issue26_rows.py --summary $OUT/gptoss "$G"
 grep -E "^bench: |RATIO|median" $OUT/gptoss/log.txt | grep -v "^bench: ---"
 grep -rh "lm_head_kernel\|lm_head_tokens: all" $OUT/gptoss/ 2>/dev/null | cut -c1-160 | sort | uniq -c | head -5
+if [ -n "$SPEED" ]; then
+  SG='3*llama-1b/bare-hf-full+liger+batch=16,llama-1b/finetune-hf-full+batch=auto,llama-1b/finetune-hf-full+batch=auto+lm_head_kernel=liger'
+  [ -n "${DRY:-}" ] && SG='1*tiny-llama/bare-hf-full+batch=4,tiny-llama/finetune-hf-full+batch=auto,tiny-llama/finetune-hf-full+batch=auto+lm_head_kernel=liger'
+  [ -n "${DRY:-}" ] || export SEQ=2048 BATCH=8
+  left=$(( ${LIMIT_ALL:-560} - SECONDS )); mkdir -p $OUT/speed
+  timeout $left $PY $S/docs/bench/issue26_rows.py $OUT/speed 120 "$SG" > $OUT/speed/log.txt 2>&1
+  echo "speed rc $?"
+  [ -f $OUT/speed/summary.json ] || $PY $S/docs/bench/issue26_rows.py --summary $OUT/speed "$SG"
+  grep -E "^bench: |RATIO|median" $OUT/speed/log.txt | grep -v "^bench: ---"
+  grep -rh "per_device_batch_size\|lm_head_kernel" $OUT/speed/ 2>/dev/null | cut -c1-160 | sort | uniq -c | head -8
+fi
 [ -n "${DRY:-}" ] || [ "$PART" = moe ] && { date -u; exit 0; }  # the preference rows: GPU-only, `rows` only
 unset SEQ BATCH
 for spec in dpo:finetune,trl-unsloth orpo:finetune; do
