@@ -162,9 +162,12 @@ def test_loss_step_metrics_compute_no_entropy_or_accuracy(tmp_path, monkeypatch)
     assert summary["tokens"] == d_summary["tokens"]
 
 
-def _losses_by_head(tmp_path, monkeypatch, shape: str, steps: int) -> tuple[dict, list[tuple]]:
-    """Per-step losses of a LoRA run through TRL's head and through Liger's (forced), and each Liger call's
-    (rows, chunk_mem_const). Both kernels are Triton (GPU only): torch stand-ins with their signatures run here."""
+def _losses_by_head(tmp_path, monkeypatch, shape: str, steps: int, method: str = "lora",
+                    amp: bool = False) -> tuple[dict, list[tuple]]:
+    """Per-step losses of a run through TRL's head and through Liger's (forced), and each Liger call's
+    (rows, chunk_mem_const). Both kernels are Triton (GPU only): torch stand-ins with their signatures run here.
+    amp: TrainingArguments' bf16 on (CPU autocast), so accelerate wraps the prepared model's forward as it does
+    for a GPU run in bf16 (finetune refuses bf16 on a CPU: the argument is set past that check)."""
     import json
 
     import torch
@@ -185,13 +188,18 @@ def _losses_by_head(tmp_path, monkeypatch, shape: str, steps: int) -> tuple[dict
     monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", TorchChunkedLogProb)
     monkeypatch.setattr(trainer, "fused_head_ok", lambda inputs: True)
     monkeypatch.setattr(step_metrics, "LIGER_FLCE", [flce])
+    if amp:
+        from toolbox_train.objectives import sft_config
+
+        common = sft_config.common_args
+        monkeypatch.setattr(sft_config, "common_args", lambda p, dist: {**common(p, dist), "bf16": True})
     model = bench.build_model_dir(shape, tmp_path / "model")
     data = bench.write_text_dataset(tmp_path / "data.jsonl", 16, 40, 500)
     losses = {}
     for kernel in ("trl", "liger"):
         monkeypatch.setattr(step_metrics.DeferredStepMetrics, "_liger_head", lambda self, f=kernel == "liger": f)
         cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "format": "text", "max_seq_length": 48},
-               "method": "lora", "backend": "hf",
+               "method": method, "backend": "hf",
                "train": {"max_steps": steps, "per_device_batch_size": 2, "gradient_checkpointing": False, "seed": 0},
                "output": {"dir": str(tmp_path / kernel), "progress_bar": False, "logging_steps": 1}}
         finetune.run(cfg, overwrite=True)
@@ -208,6 +216,28 @@ def test_liger_head_gives_trl_heads_loss(tmp_path, monkeypatch):
     losses, flce_calls = _losses_by_head(tmp_path, monkeypatch, "tiny-llama", 4)
     assert len(flce_calls) == 4 and len(losses["trl"]) == 4  # one Liger call a step, only in the liger run
     assert losses["liger"] == pytest.approx(losses["trl"], rel=1e-4)
+
+
+def test_full_fine_tune_in_mixed_precision_takes_the_sync_free_heads(tmp_path, monkeypatch):
+    """issue 33 (H100, 2026-12-06): on llama-1b full fine-tuning in bf16 finetune's log said "TRL 1.15's fused
+    forward not found on the model" for both heads: accelerate wraps the prepared model's forward in autocast,
+    and full fine-tuning prepares the very module TRL patched, so the head swapped in per step was never found
+    (LoRA prepares the PEFT wrapper around it). The switch is installed before accelerate prepares the model:
+    Liger's head runs every step under the wrapper, TRL's all-positions head beside it, the same losses."""
+    from toolbox_train.training import step_metrics
+
+    ways = []
+    switch = step_metrics.sync_free_head
+
+    def spy(owner, liger=False):
+        ways.append("_original_forward" in owner.__dict__)  # accelerate's mark: its autocast wraps the forward
+        return switch(owner, liger)
+
+    monkeypatch.setattr(step_metrics, "sync_free_head", spy)
+    losses, calls = _losses_by_head(tmp_path, monkeypatch, "tiny-llama", 3, method="full", amp=True)
+    assert ways == [True] * 6  # both runs, every step: the head found on the module accelerate wrapped
+    assert len(calls) == 3  # Liger's head: one call a step in the liger run
+    assert losses["liger"] == pytest.approx(losses["trl"], rel=1e-3) and len(losses["trl"]) == 3
 
 
 def test_lm_head_kernel_resolves_and_refuses(tmp_path):

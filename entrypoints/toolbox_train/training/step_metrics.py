@@ -184,31 +184,48 @@ def _liger_flce(*args, **kw):
 LIGER_FLCE = [_liger_flce]  # Liger's function, looked up at the call (a list: one place a CPU test swaps it)
 
 
-def trl_head_owner(model):
-    """The module of `model` that carries TRL's fused forward (under PEFT and DDP wrappers), or None."""
-    return next((m for m in model.modules() if trl_head_settings(m) is not None), None)
+_HEAD_WAY = "_toolbox_head_way"  # on the switched module: None (TRL's forward), "all" or "liger"
+
+
+def install_head_switch(model):
+    """Put a switch over TRL 1.15's fused forward on the module of `model` that carries it (under PEFT), and
+    return that module (None: not TRL 1.15's forward - another TRL, or a backend's own head). Done when the
+    trainer is built, before accelerate prepares the model: in mixed precision accelerate wraps the prepared
+    module's own forward in autocast (full fine-tuning: the module TRL patched), and a forward swapped in
+    later would run outside that wrapper; the switch is inside it and only reads which head to run."""
+    import types
+
+    owner = next((m for m in model.modules() if trl_head_settings(m) is not None), None)
+    if owner is None:
+        return None
+    trl_forward, cfg = owner.__dict__["forward"], trl_head_settings(owner)
+    ways = {"all": all_positions_forward(trl_forward, cfg), "liger": liger_head_forward(trl_forward, cfg)}
+
+    def forward(self, *args, **kw):
+        way = self.__dict__.get(_HEAD_WAY)
+        return trl_forward(*args, **kw) if way is None else ways[way](self, *args, **kw)
+
+    owner.forward = types.MethodType(forward, owner)
+    owner.__dict__[_HEAD_WAY] = None
+    return owner
 
 
 @contextlib.contextmanager
 def sync_free_head(owner, liger: bool = False):
-    """While inside, `owner` (trl_head_owner's) runs all_positions_forward (liger: liger_head_forward); None:
-    nothing changed (not TRL 1.15's forward: another TRL, or a backend's own head)."""
-    import types
-
-    if owner is None:
-        yield
-        return
-    trl_forward = owner.__dict__["forward"]
-    make = liger_head_forward if liger else all_positions_forward
-    owner.forward = types.MethodType(make(trl_forward, trl_head_settings(owner)), owner)
+    """While inside, `owner` (install_head_switch's) runs all_positions_forward (liger: liger_head_forward)."""
+    owner.__dict__[_HEAD_WAY] = "liger" if liger else "all"
     try:
         yield
     finally:
-        owner.forward = trl_forward
+        owner.__dict__[_HEAD_WAY] = None
 
 
 class DeferredStepMetrics:
     """Mixed into the SFT Trainer (before SFTTrainer): the metrics TRL and transformers log, read at log steps."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)  # SFTTrainer's: TRL patches its fused forward onto the model here
+        self._head_switch = install_head_switch(self.model)
 
     def _deferred(self) -> bool:
         return self.toolbox_plan.cfg.output.step_metrics in ("deferred", "loss")
@@ -282,17 +299,17 @@ class DeferredStepMetrics:
         ids = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
         return 6 * ids.numel() * n if ids is not None else 0
 
-    def _head_owner(self, model, liger: bool = False):
-        cached = self.__dict__.get("_trl_head")
-        if cached is None or cached[0] is not model:  # found once, not a walk over the modules per step
+    def _head_owner(self, liger: bool = False):
+        owner = self.__dict__.get("_head_switch")
+        if not self.__dict__.get("_head_logged"):
             from toolbox_train.planning.plan import log
 
-            cached = self._trl_head = (model, trl_head_owner(model))
+            self._head_logged = True
             head = "Liger's fused linear cross-entropy" if liger else "TRL's fused LM head"
             log(f"train.lm_head_kernel: {'liger' if liger else 'trl'}; train.lm_head_tokens: all: " + (
-                f"{head} over every position, no mask gather" if cached[1] is not None else "TRL 1.15's fused "
+                f"{head} over every position, no mask gather" if owner is not None else "TRL 1.15's fused "
                 "forward not found on the model, its head runs as it is (a boolean-mask gather, a host sync)"))
-        return cached[1]
+        return owner
 
     def deferrable_loss(self, model, inputs, return_outputs) -> bool:
         """The one loss computed here: TRL's NLL on its fused head, in training; everything else is TRL's."""
@@ -314,7 +331,7 @@ class DeferredStepMetrics:
         loss_only = self._loss_only()
         all_tokens = self.toolbox_plan.cfg.train.lm_head_tokens == "all"
         liger = loss_only and self._liger_head()
-        owner = self._head_owner(model, liger) if all_tokens or liger else None
+        owner = self._head_owner(liger) if all_tokens or liger else None
         with (loss_only_head() if loss_only else contextlib.nullcontext(),
               sync_free_head(owner, liger) if owner is not None else contextlib.nullcontext()):
             if liger:  # the loss comes back summed and divided by the same count as below
