@@ -13,7 +13,7 @@
 #          objective: bare + Liger with the router's load-balancing loss (the model config's coefficient, as TRL's
 #          SFTTrainer) against finetune's defaults (its sync-free step now takes the router loss: Liger's head), and
 #          with MOE_ZERO=1 both again with train.router_aux_loss_coef=0 (no router loss); no preference rows.
-# speed) after `moe` in the same call when given as `moe+speed`: llama-1b HF full (seq 2048), three interleaved
+# speed) alone, or after `moe` in the same call when given as `moe+speed`: llama-1b HF full (seq 2048), three interleaved
 #          repeats of bare + Liger at batch 16 (the reference), finetune's speed pick (per_device_batch_size: auto)
 #          and the pick with Liger's fused cross-entropy as the loss head (lm_head_kernel=liger: no recomputed
 #          logits tiles in the backward); whatever time LIMIT_ALL (default 560 s) leaves.
@@ -37,22 +37,25 @@ if [ "$PART" = export ]; then
 fi
 G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora,gpt-oss-20b-4l/finetune-hf-lora+lm_head_kernel=trl'
 SPEED=; [ "$PART" = moe+speed ] && { PART=moe; SPEED=1; }
+[ "$PART" = speed ] && { PART=moe; SPEED=1; G=; }
 [ "$PART" = moe ] && G='3*gpt-oss-20b-4l/bare-hf-lora+liger,gpt-oss-20b-4l/finetune-hf-lora'
 [ "$PART" = moe ] && [ -n "${MOE_ZERO:-}" ] && G="$G,gpt-oss-20b-4l/bare-hf-lora+liger+router_aux_loss_coef=0,gpt-oss-20b-4l/finetune-hf-lora+router_aux_loss_coef=0"
 PY=python3; DEV=cuda
 if [ -n "${DRY:-}" ]; then
-  G='1*tiny-gpt-oss/bare-hf-lora,tiny-gpt-oss/finetune-hf-lora,tiny-gpt-oss/finetune-hf-lora+lm_head_kernel=trl'
-  [ "$PART" = moe ] && G='1*tiny-gpt-oss/bare-hf-lora,tiny-gpt-oss/finetune-hf-lora,tiny-gpt-oss/bare-hf-lora+router_aux_loss_coef=0,tiny-gpt-oss/finetune-hf-lora+router_aux_loss_coef=0'
+  [ -n "$G" ] && G='1*tiny-gpt-oss/bare-hf-lora,tiny-gpt-oss/finetune-hf-lora,tiny-gpt-oss/finetune-hf-lora+lm_head_kernel=trl'
+  [ "$PART" = moe ] && [ -n "$G" ] && G='1*tiny-gpt-oss/bare-hf-lora,tiny-gpt-oss/finetune-hf-lora,tiny-gpt-oss/bare-hf-lora+router_aux_loss_coef=0,tiny-gpt-oss/finetune-hf-lora+router_aux_loss_coef=0'
   PY=${PY_DRY:-python3}; DEV=cpu; export DEVICE=cpu SEQ=64 BATCH=2 WARMUP=1 STEPS=2
 else
   export SEQ=1024 BATCH=8
 fi
 mkdir -p $OUT/gptoss; cd /tmp
+[ -n "$G" ] && {
 timeout ${LIMIT_GPTOSS:-330} $PY $S/docs/bench/issue26_rows.py $OUT/gptoss 120 "$G" > $OUT/gptoss/log.txt 2>&1
 echo "gpt-oss rc $?"
 [ -f $OUT/gptoss/summary.json ] || $PY $S/docs/bench/issue26_rows.py --summary $OUT/gptoss "$G"
 grep -E "^bench: |RATIO|median" $OUT/gptoss/log.txt | grep -v "^bench: ---"
 grep -rh "lm_head_kernel\|lm_head_tokens: all" $OUT/gptoss/ 2>/dev/null | cut -c1-160 | sort | uniq -c | head -5
+}
 if [ -n "$SPEED" ]; then
   SG='3*llama-1b/bare-hf-full+liger+batch=16,llama-1b/finetune-hf-full+batch=auto,llama-1b/finetune-hf-full+batch=auto+lm_head_kernel=liger'
   [ -n "${DRY:-}" ] && SG='1*tiny-llama/bare-hf-full+batch=4,tiny-llama/finetune-hf-full+batch=auto,tiny-llama/finetune-hf-full+batch=auto+lm_head_kernel=liger'
