@@ -241,8 +241,9 @@ def test_full_fine_tune_in_mixed_precision_takes_the_sync_free_heads(tmp_path, m
 
 
 def test_lm_head_kernel_resolves_and_refuses(tmp_path):
-    """auto: Liger's head where Liger is on and the head is frozen (LoRA/QLoRA); liger without Liger (here: no
-    GPU): one line naming the field, exit 2, nothing written."""
+    """auto: Liger's head where Liger is on and the head is frozen (LoRA/QLoRA), or on full fine-tuning where
+    Liger's chunks are >= 512 rows (the H100's 2026-12-06 rows: faster at 512 and 1,024, slower at 128); liger
+    without Liger (here: no GPU): one line naming the field, exit 2, nothing written."""
     import subprocess
     import sys
     from types import SimpleNamespace
@@ -250,16 +251,26 @@ def test_lm_head_kernel_resolves_and_refuses(tmp_path):
     import yaml
 
     from toolbox_train.config.schema import load_config
-    from toolbox_train.training.step_metrics import DeferredStepMetrics
+    from toolbox_train.planning import heads
 
-    def resolved(method, liger, kernel="auto"):
-        cfg, _ = load_config({"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "method": method,
-                              "train": {"lm_head_kernel": kernel}, "output": {"dir": "o"}})
-        return DeferredStepMetrics._liger_head(SimpleNamespace(toolbox_plan=SimpleNamespace(cfg=cfg, liger=liger)))
+    shapes = {"llama-1b": (2048, 128256), "qwen3-0.6b": (1024, 151936), "gemma3-1b": (1152, 262144)}
 
-    assert resolved("lora", True) and resolved("qlora", True)
-    assert not resolved("full", True) and not resolved("lora", False) and not resolved("lora", True, "trl")
-    assert resolved("full", True, "liger")
+    def resolved(method, liger, kernel="auto", shape="llama-1b", batch=8):
+        cfg, _ = load_config({"model": {"path": "m"}, "data": {"path": "d.jsonl", "max_seq_length": 2048},
+                              "method": method, "train": {"lm_head_kernel": kernel, "per_device_batch_size": batch},
+                              "output": {"dir": "o"}})
+        hidden, vocab = shapes[shape]
+        return heads.pick(cfg, SimpleNamespace(hidden_size=hidden, vocab_size=vocab, model_type="llama"), liger)[0]
+
+    assert [heads.liger_chunk_rows(*a) for a in ((32768, 2048, 128256), (16384, 2048, 128256), (16384, 1024, 151936),
+                                                 (16384, 1152, 262144), (8192, 2880, 201088, 8))] == [1024, 512, 128,
+                                                                                                       128, 1024]
+    assert resolved("lora", True) == resolved("qlora", True) == "liger"
+    assert resolved("full", True, batch=16) == resolved("full", True, batch=8) == "liger"  # chunks 1,024 / 512
+    assert resolved("full", True, shape="qwen3-0.6b") == resolved("full", True, shape="gemma3-1b") == "trl"  # 128
+    assert resolved("full", True, batch=2) == "trl"  # 128 rows
+    assert resolved("lora", False) == resolved("lora", True, "trl") == resolved("full", False) == "trl"
+    assert resolved("full", True, "liger", shape="gemma3-1b") == "liger"
     model = bench.build_model_dir("tiny-llama", tmp_path / "model")
     data = bench.write_text_dataset(tmp_path / "data.jsonl", 4, 10, 500)
     cfg = tmp_path / "train.yaml"
@@ -335,7 +346,7 @@ def test_liger_head_takes_the_chunk_budget_of_liger_s_own_forward(tmp_path, monk
     import sys
     import types
 
-    from toolbox_train.training import step_metrics
+    from toolbox_train.planning import heads
 
     fake = types.ModuleType("liger_kernel.transformers.model.gpt_oss")
     fake._GPT_OSS_FLCE_CHUNK_MEM_CONST = 8
@@ -345,4 +356,37 @@ def test_liger_head_takes_the_chunk_budget_of_liger_s_own_forward(tmp_path, monk
     assert losses["liger"] == pytest.approx(losses["trl"], rel=1e-4)  # the router loss on both
     llama = types.SimpleNamespace(model_type="llama")
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.model.llama", types.ModuleType("llama"))
-    assert step_metrics.liger_chunk_mem_const(llama) == 1
+    assert heads.liger_chunk_mem_const(llama) == 1
+
+
+def test_plan_offers_the_head_that_measured_faster(tmp_path):
+    """`finetune --plan --machine h200` (config.json only, no weights): llama-1b full at the picked batch 16
+    gets Liger's head (1,024-row chunks), qwen3-0.6b keeps TRL's (256); nothing written."""
+    import subprocess
+    import sys
+
+    import yaml
+    from transformers import AutoConfig
+
+    from toolbox_train.bench.shapes import SHAPES
+
+    (tmp_path / "d.jsonl").write_text('{"text": "hello"}\n')
+    said = {}
+    for name in ("llama-1b", "qwen3-0.6b"):
+        shape = dict(SHAPES[name])
+        AutoConfig.for_model(shape.pop("model_type"), **shape).save_pretrained(tmp_path / name)
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / name)},
+                                       "data": {"path": str(tmp_path / "d.jsonl"), "format": "text",
+                                                "max_seq_length": 2048},
+                                       "method": "full", "backend": "hf", "train": {"per_device_batch_size": "auto"},
+                                       "output": {"dir": str(tmp_path / f"out-{name}")}}))
+        r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.finetune", "--config", str(cfg), "--plan",
+                            "--machine", "h200"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        said[name] = [ln for ln in (r.stdout + r.stderr).splitlines() if "lm_head_kernel: auto" in ln]
+        assert not (tmp_path / f"out-{name}").exists()
+    assert said["llama-1b"] == ["train.lm_head_kernel: auto -> liger (Liger's chunks of 1024 rows, at least 512: "
+                                "faster than TRL's head there)"]
+    assert said["qwen3-0.6b"] == ["train.lm_head_kernel: auto -> trl (Liger's chunks would be 256 rows, under 512: "
+                                  "TRL's head is faster there)"]

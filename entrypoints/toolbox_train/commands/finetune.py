@@ -84,6 +84,7 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
         resolved.pop(other)
     resolved["_resolved"] = {"backend": p.backend, "precision": p.precision, "world_size": p.world_size,
                              "gradient_accumulation_steps": p.grad_accum, "liger": p.liger,
+                             "lm_head_kernel": p.lm_head_kernel,
                              "data_format": fmt, "sync": p.sync,
                              "gradient_checkpointing": p.gradient_checkpointing,
                              "objective": p.cfg.objective, "reference_model": reference(p.cfg)}

@@ -172,7 +172,8 @@ class TrainCfg(_Strict):
         "auto", description="SFT's training loss with output.step_metrics loss on a GPU: trl: TRL's fused LM head "
         "(its backward recomputes each logits tile); liger: Liger's fused linear cross-entropy (gradients in the "
         "forward, no recompute; needs train.liger); auto: liger where Liger is on and the head is frozen (LoRA, "
-        "QLoRA: one head GEMM fewer a step), else trl")
+        "QLoRA: one head GEMM fewer a step) or, on full fine-tuning, Liger's chunks of the micro-batch are >= 512 "
+        "rows (planning/heads.py: measured faster there, slower at 128), else trl")
 
     router_aux_loss_coef: Literal["auto"] | float = Field(
         "auto", description="SFT on a mixture-of-experts model (GPT-OSS, Qwen3-MoE, Mixtral): the weight of the "

@@ -21,6 +21,7 @@ from toolbox_train.data.dataset import looks_like_hub_id, resolve_local
 from toolbox_train.runs.folder import RESOLVED_CONFIG
 from toolbox_train.contract import UserError
 from toolbox_train.guards import cannot_make, unwritable
+from toolbox_train.planning import heads
 from toolbox_train.config.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 
 # Files `launch` writes into the output folder before finetune starts.
@@ -70,6 +71,7 @@ class Plan:
     resume_from: Path | None = None
     notes: list[str] = field(default_factory=list)
     gradient_checkpointing: bool | str = True  # resolved (train.gradient_checkpointing: auto)
+    lm_head_kernel: str = "trl"  # resolved (train.lm_head_kernel: auto; planning/heads.py)
     memory: Any = None  # planning.memory.MemoryPlan: the memory plan and why checkpointing is what it is
     sync: str = SYNC_DEFAULT  # every-step or local-sgd:K (see sync.py)
     lora_params: int | None = None  # the adapter's size as PEFT built it (meta device), where the planner's arithmetic falls short
@@ -319,10 +321,7 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
             raise UserError("train.liger: only on backend hf (Unsloth has its own kernels)")
         if machine is None and (not gpu or importlib.util.find_spec("liger_kernel") is None):
             raise UserError("train.liger: true needs the liger-kernel package and a GPU")
-    if cfg.train.lm_head_kernel == "liger" and not (liger and cfg.output.step_metrics == "loss"):
-        raise UserError("train.lm_head_kernel: liger needs train.liger on (backend hf, a GPU, objective sft) and "
-                        f"output.step_metrics: loss (Liger's head gives no entropy or accuracy); liger is {bool(liger)}, "
-                        f"step_metrics {cfg.output.step_metrics}")
+    heads.check(cfg, liger)
     aux, router = cfg.train.router_aux_loss_coef, hasattr(tc, "output_router_logits")
     if aux != "auto" and (cfg.objective != "sft" or (aux and not router)):
         raise UserError(f"train.router_aux_loss_coef: {aux}: only for objective sft on a mixture-of-experts model "
@@ -344,6 +343,9 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         cfg.train.per_device_batch_size = 1
         p.notes.append("train.per_device_batch_size: auto -> 1 (no memory plan for this model)")
     p.grad_accum = batch_plan(cfg, world)
+    p.lm_head_kernel, why = heads.pick(cfg, tc, p.liger)
+    if cfg.train.lm_head_kernel == "auto" and p.liger:
+        p.notes.append(f"train.lm_head_kernel: auto -> {p.lm_head_kernel} ({why})")
     if resume:
         p.resume_from = checkpoints.newest_complete(out / "checkpoints")
         if p.resume_from is None:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 
+from toolbox_train.planning.heads import liger_chunk_mem_const
+
 LOSS_ONLY_DROPS = ("entropy", "is_top1")  # the fused head's outputs that only feed TRL's metrics
 
 
@@ -162,19 +164,6 @@ def liger_head_forward(trl_forward, cfg: dict):
     return forward
 
 
-def liger_chunk_mem_const(text_config) -> int:
-    """The chunk budget Liger's own forward of this model family gives its fused cross-entropy (GPT-OSS's:
-    8, for a 201k vocabulary: 8 chunks of 1,024 tokens a step at 8,192 tokens instead of 64 of 128; what the
-    bare + Liger loop runs), else Liger's default, 1. Read from the module at run time."""
-    import importlib
-
-    try:
-        mod = importlib.import_module(f"liger_kernel.transformers.model.{text_config.model_type}")
-    except (ImportError, AttributeError):
-        return 1
-    return next((v for k, v in vars(mod).items() if k.endswith("_FLCE_CHUNK_MEM_CONST") and type(v) is int), 1)
-
-
 def _liger_flce(*args, **kw):
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
@@ -234,10 +223,8 @@ class DeferredStepMetrics:
         return self.toolbox_plan.cfg.output.step_metrics == "loss"
 
     def _liger_head(self) -> bool:
-        """train.lm_head_kernel resolved: Liger's fused cross-entropy for the loss (see its description)."""
-        p = self.toolbox_plan
-        k = p.cfg.train.lm_head_kernel
-        return k == "liger" or k == "auto" and bool(p.liger) and p.cfg.method in ("lora", "qlora")
+        """train.lm_head_kernel as the plan resolved it (planning/heads.py): Liger's fused cross-entropy."""
+        return self.toolbox_plan.lm_head_kernel == "liger"
 
     def _pend(self, **sums) -> None:
         pend = self.__dict__.setdefault("_pending_sums", {})
