@@ -266,3 +266,29 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_previous_one(tmp_path, 
         assert f"resuming from {cpd / 'checkpoint-2'}" in err
         steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
         assert steps == [1, 2, 3, 4]
+
+
+def test_a_full_disk_while_saving_the_final_model_leaves_none_of_it(tmp_path, tiny_model, capsys):
+    """The final model is the largest file a run writes: on a full disk the error names the run folder and
+    the whole checkpoint, none of the model's files stay (config.json, a cut model.safetensors), and once
+    space is freed `--resume` saves the model from that checkpoint."""
+    from helpers.mounts import resize, tmpfs
+
+    data = write_dataset(tmp_path / "r.jsonl", "text", n=24)
+    # The tiny model's checkpoint (~550 KiB, optimizer included) fits; the final model (~160 KiB) does not.
+    with tmpfs(tmp_path / "disk", "660k") as disk:
+        out = disk / "out"
+        cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out,
+                                 **{"train.max_steps": 2, "output.save_steps": 2, "output.keep_checkpoints": 1})
+        code, err = _main(["--config", str(cfg)], capsys)
+        assert code == 1, err
+        last = err.strip().splitlines()[-1]
+        cp = out / "checkpoints" / "checkpoint-2"
+        assert last.startswith(f"finetune: error: disk full at {out} while saving the final model (No space left"), err
+        assert f"{cp} is the newest whole checkpoint" in last and "internal error" not in err
+        assert sorted(os.listdir(out)) == ["checkpoints", "config.resolved.yaml", "metrics.jsonl"]
+        resize(disk, "8m")
+        code, err = _main(["--config", str(cfg), "--resume"], capsys)
+        assert code == 0, err
+        saved, at_checkpoint = load_file(out / "model.safetensors"), load_file(cp / "model.safetensors")
+        assert saved.keys() == at_checkpoint.keys() and all(saved[k].equal(at_checkpoint[k]) for k in saved)

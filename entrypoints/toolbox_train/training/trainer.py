@@ -316,6 +316,31 @@ def weights_digest(model) -> str:
 
 
 def save_final(p: Plan, trainer: Toolbox, tok) -> None:
+    """The trained model into the run folder. A save that fails (a full disk: the model is the largest
+    file a run writes) leaves none of its files - what the folder held before stays - and a full disk is
+    said with the folder and the whole checkpoint that `--resume` saves the model from."""
+    zero = trainer.is_world_process_zero()
+    before = set(os.listdir(p.out)) if zero else set()
+    try:
+        _save_final(p, trainer, tok)
+    except Exception as exc:
+        full = disk.disk_full(exc, p.out)
+        if zero:
+            for name in set(os.listdir(p.out)) - before:
+                if (p.out / name).is_dir():
+                    shutil.rmtree(p.out / name)
+                else:
+                    (p.out / name).unlink()
+        if full is None:
+            raise
+        cp = checkpoints.newest_complete(Path(trainer.args.output_dir), warn=lambda m: None)
+        raise ToolError(f"disk full at {p.out} while saving the final model ({full}); the files it had written "
+                        "are removed, " + (f"{cp} is the newest whole checkpoint: free space, then `finetune "
+                                           "--resume` saves the model from it" if cp else
+                                           "no whole checkpoint had been written")) from exc
+
+
+def _save_final(p: Plan, trainer: Toolbox, tok) -> None:
     trainer.accelerator.wait_for_everyone()
     if trainer.is_fsdp_enabled:
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
