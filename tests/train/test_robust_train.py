@@ -79,6 +79,8 @@ def test_schema_errors_are_one_line_and_a_set_value_is_blamed_on_set(tmp_path, t
     ("nosuch.key=1", "--set: nosuch: unknown key (from --set nosuch.key=1)"),  # the section --set made up
     ("train.nosuch=1", "--set: train.nosuch: unknown key (from --set train.nosuch=1)"),
     ("train.max_steps=abc", "--set: train.max_steps: Input should be a valid integer"),
+    # a field of several types: once, with every form (it printed each union branch's message, loc suffix and all)
+    ("train.per_device_batch_size=abc", "--set: train.per_device_batch_size: expected an integer or 'auto' (got 'abc')"),
     ("train.optimizer=nope", "--set train.optimizer=nope: train.optimizer: 'nope' is not one of"),  # a later check
 ])
 def test_a_set_error_names_the_set_item_not_the_config_file(tmp_path, tiny_model, data, capsys, item, expect):
@@ -88,6 +90,18 @@ def test_a_set_error_names_the_set_item_not_the_config_file(tmp_path, tiny_model
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert expect in err and f"--set {item}" in err and str(cfg) not in err, err
     assert not out.exists()
+
+
+def test_a_field_of_several_types_is_named_once_at_its_line(tmp_path, tiny_model, data, capsys):
+    out = tmp_path / "out"
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_model, data, out,
+                             **{"train.gradient_checkpointing": "maybe", "train.router_aux_loss_coef": float("inf")})
+    code, err = _main(["--config", str(cfg)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not out.exists(), err
+    assert err.strip() == (
+        f"finetune: error: {cfg}:{_line_of(cfg, 'gradient_checkpointing')}: train.gradient_checkpointing: expected "
+        f"true or false or 'unsloth' or 'auto' (got 'maybe'); {cfg}:{_line_of(cfg, 'router_aux_loss_coef')}: "
+        "train.router_aux_loss_coef: expected 'auto' or a finite number (got inf)"), err
 
 
 def test_an_eval_split_leaving_no_training_rows_is_refused(tmp_path, tiny_model, data, capsys):

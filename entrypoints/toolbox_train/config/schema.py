@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from toolbox_train.contract import UserError
 from toolbox_train.guards import path_problem, special_file
 from toolbox_train.safe_yaml import SafeYamlError, load_file, load_text
+from toolbox_train.config.errors import fmt_errors, set_item
 from toolbox_train.config.objectives import DpoCfg, GrpoCfg, KtoCfg, OrpoCfg
 from toolbox_train.config.tracking import MlflowCfg, Tracker, TrackioCfg, WandbCfg
 
@@ -278,46 +279,6 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
-def set_item(field: str, overrides: Sequence[str]) -> str | None:
-    """The `--set` item (the last, which wins) that wrote `field`, or the section `field` is in, or
-    created `field` as a section (`--set nosuch.key=1` makes the unknown section `nosuch`)."""
-    found = None
-    for item in overrides:
-        k = item.partition("=")[0].strip()
-        if field == k or field.startswith(k + ".") or k.startswith(field + "."):
-            found = item
-    return found
-
-
-def _fmt_errors(exc: ValidationError, source: str, marks: dict[tuple, tuple[int, int]],
-                overrides: Sequence[str] = ()) -> str:
-    """Every error on one line ('; ' between them), each at its field's line, or on `--set`
-    (naming the item) when the value came from one."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top)"
-        # The line of the field, or of the nearest section that holds it (a missing key).
-        path = tuple(err["loc"])
-        while path and path not in marks:
-            path = path[:-1]
-        where = f"{source}:{marks[path][0]}" if path in marks else source
-        item = set_item(loc, overrides) if err["loc"] else None
-        if item is not None:
-            where = "--set"
-        if err["type"] == "extra_forbidden":
-            line = f"{where}: {loc}: unknown key"
-        elif err["type"] == "missing":
-            line = f"{where}: {loc}: required"
-        elif err["type"] == "value_error":  # a validator's own words
-            line = f"{where}: {loc}: {err['ctx']['error']}"
-        elif err["type"] == "finite_number":
-            line = f"{where}: {loc}: not a finite number (got {err.get('input')!r})"
-        else:
-            line = f"{where}: {loc}: {err['msg']} (got {err.get('input')!r})"
-        lines.append(f"{line} (from --set {item})" if item is not None else line)
-    return "; ".join(lines)
-
-
 def load_config(config: dict | str | Path, overrides: Sequence[str] = ()) -> tuple[TrainConfig, Path]:
     """Return the validated config and the folder relative paths in it are resolved against."""
     cfg, base, _ = load_located(config, overrides)
@@ -349,7 +310,7 @@ def load_located(config: dict | str | Path, overrides: Sequence[str] = ()) -> tu
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise UserError(_fmt_errors(exc, source, marks, overrides)) from None
+        raise UserError(fmt_errors(exc, source, marks, overrides)) from None
 
     def where(message: str) -> str:
         m = re.match(r"([a-z_]+(?:\.(?:[a-z_]+|\d+))*): ", message)  # data.sources.1.weight, grpo.rewards.0.function: a list item's index
