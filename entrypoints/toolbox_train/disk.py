@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,14 @@ def atomic_write(path: Path, data: str | bytes) -> Path:
 
 def write_json(path: Path, obj: Any) -> Path:
     return atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def remove(path: Path) -> None:
+    """A file or a folder with what it holds; a link alone (never what it points to)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 _FULL = tuple((code, os.strerror(code)) for code in (errno.ENOSPC, errno.EDQUOT))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,6 +24,7 @@ import yaml
 
 from toolbox_train.planning import preflight
 from toolbox_train.contract import Terminated, UserError, command_parser, run_command
+from toolbox_train import disk
 from toolbox_train.disk import atomic_write
 from toolbox_train.planning.plan import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, lora_target_parameters, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
 from toolbox_train.planning.memory import MACHINES
@@ -56,10 +56,6 @@ def _step_of(line: str) -> int | None:
     return step if isinstance(step, int) else None
 
 
-def _remove(p: Path) -> None:
-    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-
-
 def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
     """Rank 0, after every check: empty the folder (--overwrite) or clear what a run that never
     reached step 1 left; trim the metrics of a resumed run; write config.resolved.yaml."""
@@ -67,7 +63,7 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
         clear = ([c for c in p.out.iterdir() if c.name != LAUNCH_DIR] if overwrite
                  else [] if resume else pre_step_leftovers(p.out) or [])
         for child in clear:
-            _remove(child)
+            disk.remove(child)
     p.out.mkdir(parents=True, exist_ok=True)
     if p.resume_from is not None:
         step = json.loads((p.resume_from / "trainer_state.json").read_text())["global_step"]

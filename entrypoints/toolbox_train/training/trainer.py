@@ -327,10 +327,7 @@ def save_final(p: Plan, trainer: Toolbox, tok) -> None:
         full = disk.disk_full(exc, p.out)
         if zero:
             for name in set(os.listdir(p.out)) - before:
-                if (p.out / name).is_dir():
-                    shutil.rmtree(p.out / name)
-                else:
-                    (p.out / name).unlink()
+                disk.remove(p.out / name)
         if full is None:
             raise
         cp = checkpoints.newest_complete(Path(trainer.args.output_dir), warn=lambda m: None)
