@@ -143,6 +143,7 @@ def liger_head_forward(trl_forward, cfg: dict):
     bare loops' Liger head). Returns FusedCausalLMOutput with the loss alone (log_probs None): no entropy or
     top-1, so only with `output.step_metrics: loss`. An MoE router's loss comes beside (aux_loss), as in
     all_positions_forward. FSDP2's DTensor head, an fp32 head, a temperature or logit scale take TRL's forward."""
+    chunk: list[int] = []  # Liger's chunk budget for this model, read from Liger's module at the first call
 
     def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):
         from torch.distributed.tensor import DTensor
@@ -155,10 +156,11 @@ def liger_head_forward(trl_forward, cfg: dict):
                                num_items_in_batch=num_items_in_batch, **kw)
         hidden, labels, mask, aux = _hidden_states(self, cfg, head, args, labels, shift_labels, kw)
         n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-        chunk = liger_chunk_mem_const(cfg["text_config"])
+        if not chunk:
+            chunk.append(liger_chunk_mem_const(cfg["text_config"]))
         total = LIGER_FLCE[0](hidden.reshape(-1, hidden.size(-1)), head.weight, labels.reshape(-1), bias=head.bias,
                               ignore_index=-100, reduction="sum", softcap=cfg["final_logit_softcapping"],
-                              **({"chunk_mem_const": chunk} if chunk != 1 else {}))
+                              **({"chunk_mem_const": chunk[0]} if chunk[0] != 1 else {}))
         return utils.FusedCausalLMOutput(loss=total / n, label_mask=mask, aux_loss=aux)
 
     return forward
@@ -184,10 +186,10 @@ def install_head_switch(model):
     later would run outside that wrapper; the switch is inside it and only reads which head to run."""
     import types
 
-    owner = next((m for m in model.modules() if trl_head_settings(m) is not None), None)
+    owner, cfg = next(((m, c) for m in model.modules() if (c := trl_head_settings(m)) is not None), (None, None))
     if owner is None:
         return None
-    trl_forward, cfg = owner.__dict__["forward"], trl_head_settings(owner)
+    trl_forward = owner.__dict__["forward"]
     ways = {"all": all_positions_forward(trl_forward, cfg), "liger": liger_head_forward(trl_forward, cfg)}
 
     def forward(self, *args, **kw):
