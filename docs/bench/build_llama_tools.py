@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "tests" / "export"))
 import llamacpp_build  # noqa: E402  (the pinned sdist, its extraction: one place)
 import vocab  # noqa: E402
 
-TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion")  # evaluate --backend llama checks all three
+TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion")  # evaluate --runtime llama checks all three
 PY_TAG = "cp312"  # the gpu-site's Python (3.12)
 
 

@@ -16,13 +16,13 @@
 #  3) finetune (hf backend, LoRA r16 on every projection, bf16), wall time and first/last loss;
 #  4) export-model --to gguf --quant f16,q4_k_m (wall time; its export.json: sizes), then --to merged (size
 #     of the merged HF model);
-#  5) evaluate --backend hf and evaluate --backend llama --quant q4_k_m on that text (each: base and
+#  5) evaluate --runtime hf and evaluate --runtime llama --quant q4_k_m on that text (each: base and
 #     fine-tuned); then llama-perplexity (llamacpp.perplexity, evaluate's own function) on the fine-tuned
 #     f16 GGUF, so the q4_k_m delta splits into conversion and quantization.
 # Needs .gpu/site.tgz (../shared/tools/gpu-site.sh), .gpu/ep (git archive HEAD entrypoints) and .gpu/llama/
 # (llama-tools.tgz: llama.cpp 0c1e57098 from the llama-cpp-python 0.3.36 sdist, CPU, AVX2, static, in
 # /opt/llama.cpp's layout; sp-site.tgz: sentencepiece for the converter; tok-llama-bpe.tgz: the tokenizer).
-# llama.cpp runs on the CPU (as in the cuda image), and so do export-model's merge and evaluate --backend hf
+# llama.cpp runs on the CPU (as in the cuda image), and so do export-model's merge and evaluate --runtime hf
 # (they load the model on the CPU; evaluate in fp32).
 # CPU dry run (tiny shape): SHAPE=tiny-llama DEVICE=cpu STEPS=30 BATCH=2 SEQ=256 WORDS=120 N_EVAL=8 CTX=128 \
 #   OUT=/tmp/out PY=.venv/bin/python SITE= SPTGZ= W=/tmp/exprec-dry LCPP=/tmp/exprec-dry-lcpp bash docs/bench/export-call.sh
@@ -200,19 +200,19 @@ rc=${PIPESTATUS[0]}; stamp export_gguf $(since $t); echo "export gguf rc $rc"; g
 [ $rc = 0 ] || { tail -5 $O/log-export-gguf.txt; exit 1; }
 
 # 5) perplexity: HF (in-process, CPU fp32) and llama.cpp (q4_k_m), base and fine-tuned each
-echo "+ evaluate --run RUN --backend hf --data heldout.txt --ctx $CTX --json"
+echo "+ evaluate --run RUN --runtime hf --data heldout.txt --ctx $CTX --json"
 t=$(now)
-timeout $(left) $PY -m toolbox_train.export.evaluate --run $W/run --backend hf --data $W/heldout.txt \
+timeout $(left) $PY -m toolbox_train.export.evaluate --run $W/run --runtime hf --data $W/heldout.txt \
   --ctx $CTX --out $W/eval-hf.json --json > $O/eval-hf.json 2> $O/log-eval-hf.txt
 rc=$?; stamp eval_hf $(since $t); echo "evaluate hf rc $rc"; tail -2 $O/log-eval-hf.txt
-echo "+ evaluate --run RUN --backend llama --quant q4_k_m --data heldout.txt --ctx $CTX --json"
+echo "+ evaluate --run RUN --runtime llama --quant q4_k_m --data heldout.txt --ctx $CTX --json"
 t=$(now)
-timeout $(left) $PY -m toolbox_train.export.evaluate --run $W/run --backend llama --quant q4_k_m \
+timeout $(left) $PY -m toolbox_train.export.evaluate --run $W/run --runtime llama --quant q4_k_m \
   --data $W/heldout.txt --ctx $CTX --out $W/eval-q4.json --json > $O/eval-q4_k_m.json 2> $O/log-eval-q4.txt
 rc=$?
 if [ $rc != 0 ] && grep -q "llama-perplexity" $O/log-eval-q4.txt; then  # the CPU weight repacking, off
   echo "evaluate llama rc $rc; again with LLAMA_ARG_REPACK=0"; tail -2 $O/log-eval-q4.txt
-  LLAMA_ARG_REPACK=0 timeout $(left) $PY -m toolbox_train.export.evaluate --run $W/run --backend llama \
+  LLAMA_ARG_REPACK=0 timeout $(left) $PY -m toolbox_train.export.evaluate --run $W/run --runtime llama \
     --quant q4_k_m --data $W/heldout.txt --ctx $CTX --out $W/eval-q4.json --json > $O/eval-q4_k_m.json \
     2>> $O/log-eval-q4.txt
   rc=$?

@@ -22,7 +22,7 @@ env = {**os.environ, "PYTHONPATH": str(ROOT / "entrypoints"), "TOOLBOX_STATE_DIR
 RD = "/tmp/tbmeas-{node_rank}"
 def ray_cli(action):
     return subprocess.run(nh.netns_argv(a, [PY, "-m", "toolbox", "cluster", "ray", action, "-F", str(hosts.ssh_config),
-        "--hosts", "node1,node2", "--via", "none", "--remote-path", VBIN, "--cpu", "--env", "PYTHONPATH",
+        "--hosts", "node1,node2", "--engine", "none", "--remote-path", VBIN, "--cpu", "--env", "PYTHONPATH",
         "--env", "OMP_NUM_THREADS", "--env", "HF_HUB_OFFLINE", "--ray-dir", RD]), cwd=ROOT, env=env, capture_output=True, text=True)
 def torchrun(c, *extra):
     return [subprocess.Popen(nh.netns_argv(n, [PY, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--cpu",
@@ -30,7 +30,7 @@ def torchrun(c, *extra):
         "--", "finetune", "--config", str(c), *extra]), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i, n in enumerate((a, b))]
 def ray_launch(c, *extra):
-    return subprocess.Popen(nh.netns_argv(a, [PY, "-m", "toolbox_train.commands.launch", "--engine", "ray", "--address",
+    return subprocess.Popen(nh.netns_argv(a, [PY, "-m", "toolbox_train.commands.launch", "--launcher", "ray", "--address",
         f"{a.addr}:6379", "--nodes", "2", "--cpu", "--strategy", "ddp", "--max-restarts", "2", "--", "finetune", "--config",
         str(c), *extra]), env={**env, "RAY_AUTH_TOKEN_PATH": "/tmp/tbmeas-0/auth_token"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

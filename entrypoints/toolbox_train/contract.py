@@ -74,6 +74,37 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (`{self.prog} --help` shows the usage)")
 
 
+class _Renamed(argparse.Action):
+    """An old flag name, still taken: it sets the new flag's value and says the new name on stderr."""
+
+    def __init__(self, option_strings, dest, new: str, **kw):
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: {option_string} is now {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Keep `old` working for the flag `new` (already added to parser), hidden from --help: the same
+    value, type and choices; each use prints one line naming the new flag (one name per concept)."""
+    action = next(a for a in parser._actions if new in a.option_strings)
+    parser.add_argument(old, dest=action.dest, type=action.type, choices=action.choices, metavar=action.metavar,
+                        action=_Renamed, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+
+def new_names(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """argv with every renamed flag under its new name: for a command that hands its own argv to
+    the processes it starts, so the one line about the old name is printed once, not per process."""
+    old = {s: a.new for a in parser._actions if isinstance(a, _Renamed) for s in a.option_strings}
+    out = []
+    for word in argv:
+        flag, eq, value = word.partition("=")
+        out.append(old[flag] + eq + value if flag in old else word)
+    return out
+
 def command_parser(prog: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
     """The parser of a training command, `--debug` included: the command adds only its own options."""
     parser = _Parser(prog=prog, description=description, **kw)

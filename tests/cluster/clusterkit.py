@@ -27,7 +27,7 @@ def toolbox(cluster, *args: str, ssh_config: Path | None = None, env: dict | Non
     fwd = ["--env", "PYTHONPATH"] if full_env.get("PYTHONPATH") and args[0] == "launch" else []
     argv = cluster.exec_argv(cluster.nodes[0], [
         sys.executable, "-m", "toolbox", "cluster", args[0], "-F", str(ssh_config or cluster.ssh_config),
-        "--hosts", ",".join(n.name for n in cluster.nodes), "--via", "none", "--remote-path", VENV_BIN,
+        "--hosts", ",".join(n.name for n in cluster.nodes), "--engine", "none", "--remote-path", VENV_BIN,
         "--cpu", *fwd, *args[1:]])
     if background:
         return subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

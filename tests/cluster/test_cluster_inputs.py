@@ -42,17 +42,17 @@ def test_binary_hostfile_is_refused_naming_the_line(tmp_path, data, line, what):
     with pytest.raises(UserError, match=what) as e:
         parse_hostfile(f)
     assert str(e.value).startswith(f"{f}:{line}: ")
-    assert_refused(toolbox("cluster", "check", "--hostfile", str(f), "--via", "none"), f"{f}:{line}: ", what)
+    assert_refused(toolbox("cluster", "check", "--hostfile", str(f), "--engine", "none"), f"{f}:{line}: ", what)
 
 
 def test_hostfile_that_is_not_a_regular_file(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # reading it would wait for a writer for ever
-    assert_refused(toolbox("cluster", "launch", "--hostfile", str(fifo), "--via", "none", "--", "true"),
+    assert_refused(toolbox("cluster", "launch", "--hostfile", str(fifo), "--engine", "none", "--", "true"),
                    f"{fifo}: the hostfile is not a regular file")
-    assert_refused(toolbox("cluster", "launch", "--hostfile", str(tmp_path), "--via", "none", "--", "true"),
+    assert_refused(toolbox("cluster", "launch", "--hostfile", str(tmp_path), "--engine", "none", "--", "true"),
                    f"{tmp_path}: the hostfile is not a regular file")
-    assert_refused(toolbox("cluster", "launch", "--hostfile", str(tmp_path / "nope"), "--via", "none", "--", "true"),
+    assert_refused(toolbox("cluster", "launch", "--hostfile", str(tmp_path / "nope"), "--engine", "none", "--", "true"),
                    f"{tmp_path / 'nope'}: cannot read hostfile: No such file or directory")
 
 
@@ -70,15 +70,15 @@ def test_one_host_written_two_ways_is_a_duplicate(tmp_path, first, second):
         resolve_hosts(None, f)
     msg = str(e.value)
     assert msg.startswith(f"{f}:4: {second!r} is the same host as {first!r} at {f}:2"), msg
-    assert_refused(toolbox("cluster", "check", "--hostfile", str(f), "--via", "none"), f"{f}:4:", f"{f}:2")
+    assert_refused(toolbox("cluster", "check", "--hostfile", str(f), "--engine", "none"), f"{f}:4:", f"{f}:2")
 
 
 def test_duplicates_across_hostfile_and_hosts(tmp_path):
     f = tmp_path / "hosts"
     f.write_text("node1\nnode2\n")
-    assert_refused(toolbox("cluster", "check", "--hostfile", str(f), "--hosts", "root@node2", "--via", "none"),
+    assert_refused(toolbox("cluster", "check", "--hostfile", str(f), "--hosts", "root@node2", "--engine", "none"),
                    "--hosts: 'root@node2' is the same host as 'node2' at", f"{f}:2")
-    assert_refused(toolbox("cluster", "check", "--hosts", "a,b,a", "--via", "none"),
+    assert_refused(toolbox("cluster", "check", "--hosts", "a,b,a", "--engine", "none"),
                    "--hosts: host 'a' is listed twice")
 
 
@@ -100,8 +100,8 @@ def test_other_ports_and_hosts_are_other_hosts(tmp_path):
     (["--sync", "sometimes"], "argument --sync: 'sometimes'"),
 ])
 def test_numbers_out_of_range_name_the_flag(args, needle):
-    assert_refused(toolbox("cluster", "launch", "--hosts", "a,b", "--via", "none", *args, "--", "true"), needle)
-    assert_refused(toolbox("cluster", "check", "--hosts", "a,b", "--via", "none", *args), needle)
+    assert_refused(toolbox("cluster", "launch", "--hosts", "a,b", "--engine", "none", *args, "--", "true"), needle)
+    assert_refused(toolbox("cluster", "check", "--hosts", "a,b", "--engine", "none", *args), needle)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -111,11 +111,11 @@ def test_numbers_out_of_range_name_the_flag(args, needle):
     (["--size-mib", "inf"], "argument --size-mib: expected a size above 0"),
 ])
 def test_check_numbers(args, needle):
-    assert_refused(toolbox("cluster", "check", "--hosts", "a,b", "--via", "none", *args), needle)
+    assert_refused(toolbox("cluster", "check", "--hosts", "a,b", "--engine", "none", *args), needle)
 
 
 @pytest.mark.parametrize("line", ["node1:0", "node1:65536", "node1:99999"])
 def test_ports_in_the_hostfile(tmp_path, line):
     f = tmp_path / "hosts"
     f.write_text(f"node0\n{line}\n")
-    assert_refused(toolbox("cluster", "check", "--hostfile", str(f), "--via", "none"), f"{f}:2: port", "out of range")
+    assert_refused(toolbox("cluster", "check", "--hostfile", str(f), "--engine", "none"), f"{f}:2: port", "out of range")

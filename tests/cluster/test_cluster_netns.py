@@ -106,7 +106,7 @@ def test_check_all_reduce(hosts):
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert "SSH ok on node1, node2" in log
-    assert "all-reduce sum 3 (expected 3) correct on 2/2 ranks; backend gloo" in log
+    assert "all-reduce sum 3 (expected 3) correct on 2/2 ranks; dist-backend gloo" in log
     assert "latency" in log and "us (8 B)" in log and "GB/s algbw" in log
     a, b = hosts.nodes
     assert f"node1 {a.ifname} MTU 1500, node2 {b.ifname} MTU 1500" in log
@@ -204,7 +204,7 @@ def test_ddp_across_two_hosts_via_podman(hosts, cpu_image_tag, tiny_model, tmp_p
     shutil.copytree(tiny_model, wd / "model")
     data = write_dataset(wd / "train.jsonl", "text", n=64)
     cfg = write_train_config(wd / "train.yaml", wd / "model", data, wd / "unused")
-    r = toolbox(hosts, "launch", "--via", "podman", "--image", cpu_image_tag, "--env", "CONTAINERS_CONF",
+    r = toolbox(hosts, "launch", "--engine", "podman", "--image", cpu_image_tag, "--env", "CONTAINERS_CONF",
                 "--workdir", str(wd), "--strategy", "ddp", "--nproc", "1", "--",
                 "finetune", "--config", str(cfg), "--set", f"output.dir={wd}/out-{{node_rank}}",
                 "--set", "train.max_steps=6",

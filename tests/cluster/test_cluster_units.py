@@ -60,7 +60,7 @@ def test_ssh_argv_always_verifies_host_keys(tmp_path):
 
 
 def test_refusal_through_the_cli_exits_2():
-    r = subprocess.run([sys.executable, "-m", "toolbox", "cluster", "check", "--hosts", "a,b", "--via", "none",
+    r = subprocess.run([sys.executable, "-m", "toolbox", "cluster", "check", "--hosts", "a,b", "--engine", "none",
                         "-o", "StrictHostKeyChecking=no"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "host keys are always verified" in r.stderr
 
@@ -123,12 +123,12 @@ def test_ssh_failure_messages():
 
 def test_podman_node_command_passes_env_by_name_and_devices(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_x")
-    from toolbox.cluster.nodecmd import launch_argv, node_env, wrap_via
+    from toolbox.cluster.nodecmd import launch_argv, node_env, wrap_engine
 
     info = HostInfo(Host("n2", "n2", ifname="enp1"), devices=["/dev/kfd", "/dev/dri", "/dev/infiniband"])
     env = node_env(info, 1, "abcd", "rdma", [], None, "/work/run")
     argv = launch_argv("ddp", 2, 1, "10.0.0.1", 29500, "rdma", None, None, False, ["finetune", "--config", "t.yaml"])
-    cmd = wrap_via("podman", "localhost/toolbox-gfx1151:x", info, env, argv, "rdma", "/work/run")
+    cmd = wrap_engine("podman", "localhost/toolbox-gfx1151:x", info, env, argv, "rdma", "/work/run")
     assert cmd[:3] == ["podman", "run", "--rm"] and "--network" in cmd and cmd[cmd.index("--network") + 1] == "host"
     assert env["TOOLBOX_CONTAINER"] == "toolbox-abcd-1" and cmd[cmd.index("--name") + 1] == "toolbox-abcd-1"
     for d in ("/dev/kfd", "/dev/dri", "/dev/infiniband"):
@@ -201,8 +201,8 @@ def test_unknown_host_key_names_the_file_and_the_line_to_add():
     assert "`ssh-keyscan -p 2222 -t ecdsa 10.0.0.2 >> /home/u/.ssh/known_hosts`" in msg
 
 
-@pytest.mark.parametrize("via, target", [("toolbx", "strix"), ("distrobox", "strix"), ("podman", "localhost/t:x")])
-def test_ray_node_setup_crosses_into_the_container_by_file_not_environment(via, target, monkeypatch, tmp_path):
+@pytest.mark.parametrize("engine, target", [("toolbx", "strix"), ("distrobox", "strix"), ("podman", "localhost/t:x")])
+def test_ray_node_setup_crosses_into_the_container_by_file_not_environment(engine, target, monkeypatch, tmp_path):
     """`cluster ray up`: the host writes the token and the node's environment (0600) into the Ray
     folder before the container is entered; neither value is on the command line. The files are
     written and sourced here for real, values with quotes and spaces included."""
@@ -214,16 +214,16 @@ def test_ray_node_setup_crosses_into_the_container_by_file_not_environment(via, 
     monkeypatch.setenv("HF_TOKEN", "hf_it's a \"secret\" $HOME")
     info = HostInfo(Host("n2", "n2", ifname="enp1"), addrs=[("enp1", "10.0.0.2")], devices=["/dev/kfd"])
     args = argparse.Namespace(env=[], remote_path=None, workdir=None, transport="ethernet", cpu=False, num_gpus=1,
-                              ray_dir=str(tmp_path / "ray-{node_rank}"), port=6379, via=via)
+                              ray_dir=str(tmp_path / "ray-{node_rank}"), port=6379, engine=engine)
     argv, env = _node(args, info, 1, "10.0.0.1:6379", "t0ken" * 8, target)
     joined = " ".join(argv)
     assert "t0ken" not in joined and "secret" not in joined and env["RAY_AUTH_TOKEN"] == "t0ken" * 8
     assert argv[:2] == ["sh", "-c"] and argv[4] == str(tmp_path / "ray-1")  # PREP on the host, then the node
     node = argv[5:]
-    if via == "podman":
+    if engine == "podman":
         assert "podman run -d" in node[2] and "toolbox-ray-6379-n2" in node and "/dev/kfd" in node
     else:
-        assert node[:3] == (["toolbox", "run", "--container", "strix"] if via == "toolbx"
+        assert node[:3] == (["toolbox", "run", "--container", "strix"] if engine == "toolbx"
                             else ["distrobox", "enter", "strix", "--"])[:3]
     # PREP for real, its last step replaced by a shell that reads what the node would source.
     prep = argv[:5] + ["sh", "-c", '. "$1/node.env"; printf "%s|%s|%s" "$HF_TOKEN" "$GLOO_SOCKET_IFNAME" '

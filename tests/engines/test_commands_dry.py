@@ -142,23 +142,23 @@ def test_create_commands():
     from toolbox.stack.load import load_stack
 
     image = default_tag(load_stack("gfx1151"))
-    cp = toolbox("create", "--stack", "gfx1151", "--via", "distrobox", "--name", "strix", "--dry-run")
+    cp = toolbox("create", "--stack", "gfx1151", "--engine", "distrobox", "--name", "strix", "--dry-run")
     argv = argv_of(cp)
     assert argv[:7] == ["distrobox", "create", "--yes", "--name", "strix", "--image", image]
     flags = shlex.split(argv[argv.index("--additional-flags") + 1])
     assert flags[:4] == ["--device", "/dev/kfd", "--device", "/dev/dri"]
     assert "seccomp=unconfined" in flags and flags.count("--group-add") == 2
-    cp = toolbox("create", "--stack", "gfx1151", "--via", "toolbx", "--name", "strix", "--dry-run",
+    cp = toolbox("create", "--stack", "gfx1151", "--engine", "toolbx", "--name", "strix", "--dry-run",
                  env={"TOOLBOX_TOOLBX": "/usr/bin/toolbox"})
     assert argv_of(cp) == ["/usr/bin/toolbox", "create", "--image", image, "strix"]  # no device flags
-    cp = toolbox("create", "--stack", "cpu", "--via", "distrobox", "--dry-run")
+    cp = toolbox("create", "--stack", "cpu", "--engine", "distrobox", "--dry-run")
     assert "--additional-flags" not in cp.stdout and "toolbox-cpu" in cp.stdout
 
 
 def test_distrobox_as_root_is_refused_with_a_hint():
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    cp = toolbox("create", "--stack", "cpu", "--via", "distrobox")
+    cp = toolbox("create", "--stack", "cpu", "--engine", "distrobox")
     assert cp.returncode == 2 and "refuses to run as root" in cp.stderr
 
 

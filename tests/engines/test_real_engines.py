@@ -109,7 +109,7 @@ def _container_engine_round(user: TestUser, via: str, tag: str, tiny_model: Path
     # a leftover of a run that was cut short
     user.run(["distrobox", "rm", "--force", name] if via == "distrobox" else [find_toolbx(), "rm", "--force", name],
              timeout=300)
-    cp = user.toolbox("create", "--via", via, *target, timeout=600)
+    cp = user.toolbox("create", "--engine", via, *target, timeout=600)
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     assert f"created {name}" in cp.stdout
 
@@ -143,7 +143,7 @@ def _container_engine_round(user: TestUser, via: str, tag: str, tiny_model: Path
     assert f"] container: {name} exists" in cp.stdout and "label pins: all" in cp.stdout
     assert "pin transformers.version: transformers 5.17.0" in cp.stdout
     cp = user.toolbox("doctor", "--engine", via, "--name", "toolbox-ci-none", "--stack", "cpu")
-    assert cp.returncode == 1 and f"toolbox create --via {via} --name toolbox-ci-none" in cp.stdout
+    assert cp.returncode == 1 and f"toolbox create --engine {via} --name toolbox-ci-none" in cp.stdout
 
 
 def test_distrobox_as_a_user(test_user, cpu_image, tiny_model):

@@ -85,7 +85,7 @@ def test_evaluate_both_backends_and_prompts(real_vocab_run, llama_tools, tmp_pat
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     r = json.loads((run / "eval.json").read_text())
-    assert r["backend"] == "llama" and r["quant"] == "f16"
+    assert r["runtime"] == "llama" and r["quant"] == "f16"
     # Six LoRA steps on these sentences: the held-out ones (same world) got likelier.
     assert r["finetuned"]["ppl"] < r["base"]["ppl"]
     assert r["difference"] == pytest.approx(r["finetuned"]["ppl"] - r["base"]["ppl"])
@@ -93,7 +93,7 @@ def test_evaluate_both_backends_and_prompts(real_vocab_run, llama_tools, tmp_pat
     assert all(isinstance(c["base"], str) and isinstance(c["finetuned"], str) for c in r["completions"])
     assert "fine-tuned" in cap.out and "prompt: the cat sees" in cap.out
 
-    rc = evaluate.main(["--run", str(run), "--backend", "hf", "--out", str(tmp_path / "hf.json")])
+    rc = evaluate.main(["--run", str(run), "--runtime", "hf", "--out", str(tmp_path / "hf.json")])
     assert rc == 0
     h = json.loads((tmp_path / "hf.json").read_text())
     assert h["ctx"] == r["ctx"] and h["base"]["scored_tokens"] == r["base"]["scored_tokens"]

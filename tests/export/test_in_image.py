@@ -50,7 +50,7 @@ def test_finetune_export_evaluate_and_llama_cli_in_the_cpu_image(cpu_image, real
     run("evaluate", "--run", "/workspace/out", "--quant", "q8_0", "--prompts", "/workspace/prompts.txt",
         "--max-new-tokens", "4")
     r = json.loads((ws / "out" / "eval.json").read_text())
-    assert r["backend"] == "llama" and r["quant"] == "q8_0"
+    assert r["runtime"] == "llama" and r["quant"] == "q8_0"
     assert r["finetuned"]["ppl"] < r["base"]["ppl"], r  # six LoRA steps on sentences of the same world
     assert r["completions"][0]["prompt"] == "the cat sees"
 

@@ -57,7 +57,7 @@ def _one_line(err: str, prog: str) -> str:
 @pytest.mark.parametrize("suffix", ["jsonl", "csv", "parquet"])
 def test_evaluate_data_file(run, tmp_path, capsys, suffix):
     data = write_dataset(tmp_path / f"held.{suffix}", "text", n=40, seed=7)
-    code, err = _call(evaluate.main, ["--run", run, "--backend", "hf", "--data", data, "--ctx", "16"], capsys)
+    code, err = _call(evaluate.main, ["--run", run, "--runtime", "hf", "--data", data, "--ctx", "16"], capsys)
     assert code == 0, err
     r = json.loads((run / "eval.json").read_text())
     assert r["data"] == str(data) and r["base"]["ppl"] > 0 and r["finetuned"]["ppl"] > 0
@@ -74,7 +74,7 @@ def test_a_damaged_run_file_is_named(run, tmp_path, capsys, name, how, prog):
     if prog == "export-model":
         code, err = _call(export.main, ["--run", run, "--to", "merged", "--out", tmp_path / "out"], capsys)
     else:
-        code, err = _call(evaluate.main, ["--run", run, "--backend", "hf"], capsys)
+        code, err = _call(evaluate.main, ["--run", run, "--runtime", "hf"], capsys)
     assert code == 2, err
     assert str(f) in _one_line(err, prog)
     assert _snapshot(tmp_path) == before
@@ -84,7 +84,7 @@ def test_a_fifo_in_the_run_or_as_data_is_refused_not_read(run, lora_run, tmp_pat
     fifo = tmp_path / "held.jsonl"
     os.mkfifo(fifo)
     for flag in ("--data", "--prompts"):
-        code, err = _call(evaluate.main, ["--run", run, "--backend", "hf", flag, fifo], capsys)
+        code, err = _call(evaluate.main, ["--run", run, "--runtime", "hf", flag, fifo], capsys)
         assert code == 2 and f"{flag} {fifo}: a FIFO (named pipe), not a regular file" in _one_line(err, "evaluate")
     (run / "tokenizer.json").unlink()
     os.mkfifo(run / "tokenizer.json")
@@ -94,7 +94,7 @@ def test_a_fifo_in_the_run_or_as_data_is_refused_not_read(run, lora_run, tmp_pat
     shutil.copy(lora_run / "tokenizer.json", run / "tokenizer.json")
     (run / "chat_template.jinja").unlink()
     os.mkfifo(run / "chat_template.jinja")  # read by the tokenizer's loader, named by no check
-    code, err = _call(evaluate.main, ["--run", run, "--backend", "hf"], capsys)
+    code, err = _call(evaluate.main, ["--run", run, "--runtime", "hf"], capsys)
     assert code == 2 and "chat_template.jinja: a FIFO" in _one_line(err, "evaluate")
 
 
@@ -124,7 +124,7 @@ def test_export_out_refusals_change_nothing(run, tmp_path, capsys, out, expect):
 def test_evaluate_out_refusals_change_nothing(run, tmp_path, capsys, out, expect):
     (tmp_path / "existing").mkdir()
     before = _snapshot(tmp_path)
-    code, err = _call(evaluate.main, ["--run", run, "--backend", "hf", "--out", tmp_path / out], capsys)
+    code, err = _call(evaluate.main, ["--run", run, "--runtime", "hf", "--out", tmp_path / out], capsys)
     assert code == 2 and expect.format(t=tmp_path) in _one_line(err, "evaluate"), err
     assert _snapshot(tmp_path) == before
 
@@ -187,7 +187,7 @@ def test_a_full_disk_leaves_no_temp_file(run, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     script = (f"mount -t tmpfs -o size=64k tmpfs {disk} && (head -c 1M /dev/zero > {disk}/fill; true) && "
-              f"{sys.executable} -m toolbox_train.export.evaluate --run {run} --backend hf --out {disk}/eval.json; "
+              f"{sys.executable} -m toolbox_train.export.evaluate --run {run} --runtime hf --out {disk}/eval.json; "
               f"echo rc=$?; ls -A {disk}")
     r = subprocess.run(cmd + ["sh", "-c", script], env=ENV, capture_output=True, text=True, timeout=600)
     assert "rc=1" in r.stdout, (r.stdout, r.stderr)
@@ -214,7 +214,7 @@ def test_sigterm_during_an_export_leaves_the_old_one(run, tmp_path):
 
 
 def test_a_full_disk_during_the_conversion_names_it_and_logs_the_converter(real_vocab_model, llama_source, tmp_path):
-    """What `evaluate --backend llama` and `export-model --to gguf` run, on a run folder with little
+    """What `evaluate --runtime llama` and `export-model --to gguf` run, on a run folder with little
     room left: llama.cpp's real converter (nothing built) fills the disk; the line says so and names
     the log that holds the converter's own traceback."""
     from helpers.mounts import tmpfs

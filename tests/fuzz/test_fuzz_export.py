@@ -5,7 +5,7 @@ one line (a fault); never a traceback, never a hang; a refusal or a fault leaves
 and an existing output byte-identical, and leaves no temporary file behind.
 
 Examples call main() in-process on one small finished LoRA run (copied per example when it is
-damaged). Export only merges (`--to merged`, seconds) and evaluate uses `--backend hf`; llama.cpp
+damaged). Export only merges (`--to merged`, seconds) and evaluate uses `--runtime hf`; llama.cpp
 is not needed. The budget is small and derandomized for CI; TOOLBOX_FUZZ=random explores new
 examples, TOOLBOX_FUZZ_EXPORT_EXAMPLES=N sets how many.
 """
@@ -109,7 +109,7 @@ def export_args(draw):
 
 @st.composite
 def evaluate_args(draw):
-    argv = ["--run", draw(st.sampled_from(["{run}", "{run}", "{dir}/nope", "{dir}/afile"])), "--backend",
+    argv = ["--run", draw(st.sampled_from(["{run}", "{run}", "{dir}/nope", "{dir}/afile"])), "--runtime",
             draw(st.sampled_from(["hf", "hf", "llama", "onnx"]))]
     for flag, values in (("--data", PATHS), ("--out", PATHS), ("--prompts", PATHS),
                          ("--ctx", st.sampled_from(["0", "-1", "8", "16", "x", "99999999999"])),

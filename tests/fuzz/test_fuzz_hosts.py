@@ -110,7 +110,7 @@ numbers = st.one_of(st.integers(-70000, 70000).map(str), st.sampled_from(["", "x
 def test_cli_numbers_and_a_duplicate_host_exit_2_in_one_line(nproc, port, iters, size, action):
     with tempfile.TemporaryDirectory() as d:
         f = write(Path(d), b"node1\nroot@node1:22\n")  # always refused: no example reaches SSH
-        argv = ["cluster", action, "--hostfile", str(f), "--via", "none", f"--nproc={nproc}", f"--master-port={port}"]
+        argv = ["cluster", action, "--hostfile", str(f), "--engine", "none", f"--nproc={nproc}", f"--master-port={port}"]
         argv += ["--", "true"] if action == "launch" else [f"--iters={iters}", f"--size-mib={size}"]
         code, err = run_main(argv)
         assert code == 2 and err.startswith("toolbox: error: ") and err.count("\n") == 1, (argv, code, err)

@@ -228,7 +228,7 @@ RUN --mount=type=secret,id=ca \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 
-# Ray Train (launch --engine ray) and what only it pulls in, from the stack's Python lock: a layer
+# Ray Train (launch --launcher ray) and what only it pulls in, from the stack's Python lock: a layer
 # of its own so the training stack's layers above are shared with a ray bump
 COPY python-lock/ray.txt /opt/toolbox/python-lock/ray.txt
 RUN --mount=type=secret,id=ca \

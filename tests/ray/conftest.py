@@ -94,7 +94,7 @@ class RayCluster:
         action, rest = args[0], args[1:]
         argv = nh.netns_argv(self.hosts.nodes[0], [
             sys.executable, "-m", "toolbox", "cluster", "ray", action, "-F", str(self.hosts.ssh_config),
-            "--hosts", ",".join(n.name for n in self.hosts.nodes), "--via", "none", "--remote-path", VENV_BIN,
+            "--hosts", ",".join(n.name for n in self.hosts.nodes), "--engine", "none", "--remote-path", VENV_BIN,
             "--cpu", "--env", "PYTHONPATH", "--env", "OMP_NUM_THREADS", "--env", "HF_HUB_OFFLINE",
             "--ray-dir", self.ray_dir, *rest])
         env = {**os.environ, "COLUMNS": "200", "TOOLBOX_STATE_DIR": str(self.state_dir), "OMP_NUM_THREADS": "1",

@@ -1,4 +1,4 @@
-"""`toolbox cluster ray up|status|down --via podman`: Ray in a detached container on each of two
+"""`toolbox cluster ray up|status|down --engine podman`: Ray in a detached container on each of two
 netns hosts (their own pair, beside the session's cluster), the driver in the head's container,
 a 2-node DDP fine-tune across them; the token on no command line and in no container's
 configuration; `down` leaves no container and no token behind. The image: the session's cpu
@@ -63,7 +63,7 @@ def podman_hosts(tmp_path_factory):
 def _toolbox(hosts, state: Path, image: str, workdir: Path, ray_dir: str, *args: str):
     argv = nh.netns_argv(hosts.nodes[0], [
         sys.executable, "-m", "toolbox", "cluster", "ray", *args, "-F", str(hosts.ssh_config),
-        "--hosts", ",".join(n.name for n in hosts.nodes), "--via", "podman", "--image", image,
+        "--hosts", ",".join(n.name for n in hosts.nodes), "--engine", "podman", "--image", image,
         "--workdir", str(workdir), "--port", str(PORT), "--cpu", "--env", "CONTAINERS_CONF",
         "--env", "OMP_NUM_THREADS", "--env", "HF_HUB_OFFLINE", "--env", "HF_TOKEN", "--ray-dir", ray_dir])
     env = {**os.environ, "COLUMNS": "200", "TOOLBOX_STATE_DIR": str(state), "OMP_NUM_THREADS": "1",
@@ -105,7 +105,7 @@ def test_ray_in_podman_containers_runs_a_two_node_fine_tune(podman_hosts, ray_im
         head_dir = ray_dir.format(node_rank=0)
         run = _in_head(hosts, "exec", "-e", f"RAY_AUTH_TOKEN_PATH={head_dir}/auth_token", "-e", "OMP_NUM_THREADS=1",
                      "-e", "HF_HUB_OFFLINE=1", "-w", str(wd), names[0],
-                     "launch", "--engine", "ray", "--address", f"{hosts.nodes[0].addr}:{PORT}", "--nodes", "2",
+                     "launch", "--launcher", "ray", "--address", f"{hosts.nodes[0].addr}:{PORT}", "--nodes", "2",
                      "--nproc", "1", "--cpu", "--strategy", "ddp", "--", "finetune", "--config", str(cfg), "--json")
         assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
         summary = json.loads(run.stdout.strip().splitlines()[-1])
@@ -113,7 +113,7 @@ def test_ray_in_podman_containers_runs_a_two_node_fine_tune(podman_hosts, ray_im
         digests = summary["rank_weight_sha256"]
         assert len(digests) == 2 and digests[0] == digests[1]
         settings = json.loads((wd / "out" / "launch" / "settings.node0.json").read_text())
-        assert settings["engine"] == "ray" and settings["world_size"] == 2
+        assert settings["launcher"] == "ray" and settings["world_size"] == 2
     finally:
         r = _toolbox(hosts, state, ray_image, wd, ray_dir, "down")
     assert r.returncode == 0 and r.stdout.count("ray: stopped (container") == 2, r.stdout + r.stderr

@@ -1,6 +1,6 @@
-"""`launch --engine ray` refusing what cannot work, in one line, exit 2, nothing written: no Ray
+"""`launch --launcher ray` refusing what cannot work, in one line, exit 2, nothing written: no Ray
 at the address, a cluster without token authentication, fewer nodes or GPUs than asked, flags
-that belong to the other engine. Against the session's real two-node cluster."""
+that belong to the other launcher. Against the session's real two-node cluster."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _refused(r, *needles: str) -> str:
 
 
 def _launch(cluster, cfg, *opts: str, env=None):
-    return cluster.launch("--engine", "ray", "--strategy", "ddp", *opts, "--", "finetune", "--config", str(cfg),
+    return cluster.launch("--launcher", "ray", "--strategy", "ddp", *opts, "--", "finetune", "--config", str(cfg),
                           env=env, timeout=300)
 
 
@@ -63,14 +63,14 @@ def test_token_missing_on_the_driver(ray_cluster, cfg, tmp_path):
     _refused(r, "token", "RAY_AUTH_TOKEN_PATH")
 
 
-def test_flags_of_the_other_engine(ray_cluster, cfg):
+def test_flags_of_the_other_launcher(ray_cluster, cfg):
     from toolbox_train.commands import launch
 
-    for argv, needle in ((["--address", "10.0.0.1:6379"], "--address: only with --engine ray"),
-                         (["--engine", "ray"], "--engine ray needs --address"),
-                         (["--engine", "ray", "--address", "nowhere"], "expected HOST:PORT"),
-                         (["--engine", "ray", "--address", "10.0.0.1:6379", "--master-port", "29500"],
-                          "--master-port: not used with --engine ray")):
+    for argv, needle in ((["--address", "10.0.0.1:6379"], "--address: only with --launcher ray"),
+                         (["--launcher", "ray"], "--launcher ray needs --address"),
+                         (["--launcher", "ray", "--address", "nowhere"], "expected HOST:PORT"),
+                         (["--launcher", "ray", "--address", "10.0.0.1:6379", "--master-port", "29500"],
+                          "--master-port: not used with --launcher ray")):
         r = subprocess.run([sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", "ddp", "--cpu",
                             *argv, "--", "finetune", "--config", str(cfg)], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": str(Path(launch.__file__).parents[2])}, timeout=120)

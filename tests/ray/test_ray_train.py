@@ -1,6 +1,6 @@
-"""`launch --engine ray` on a real two-node Ray cluster (netns hosts, `toolbox cluster ray up`):
+"""`launch --launcher ray` on a real two-node Ray cluster (netns hosts, `toolbox cluster ray up`):
 the same fine-tune as torchrun, to the same weights; a node killed mid-run and Ray's restart
-from the last checkpoint, to the same weights; `--resume` across engines."""
+from the last checkpoint, to the same weights; `--resume` across launchers."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def torchrun_run(tmp_path_factory, tiny_model):
 
 
 def _ray(cluster, cfg: Path, *extra: str, **kw):
-    return cluster.launch("--engine", "ray", "--address", cluster.address, "--nodes", "2", "--nproc", "1", "--cpu",
+    return cluster.launch("--launcher", "ray", "--address", cluster.address, "--nodes", "2", "--nproc", "1", "--cpu",
                           "--strategy", "ddp", *extra, "--", "finetune", "--config", str(cfg), "--json", **kw)
 
 
@@ -71,7 +71,7 @@ def test_two_node_ddp_equals_torchrun(ray_cluster, torchrun_run, tiny_model, tmp
     digests = summary["rank_weight_sha256"]
     assert len(digests) == 2 and digests[0] == digests[1]
     settings = json.loads((out / "launch" / "settings.node0.json").read_text())
-    assert settings["engine"] == "ray" and settings["world_size"] == 2
+    assert settings["launcher"] == "ray" and settings["world_size"] == 2
     _same(out, torchrun_run[1])
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, STEPS + 1))  # rank 0 alone logs, every step once
@@ -102,7 +102,7 @@ def test_worker_node_killed_restarts_from_checkpoint(ray_cluster, torchrun_run, 
     _same(out, torchrun_run[1])  # as if never interrupted
 
 
-def test_resume_across_engines(ray_cluster, torchrun_run, tiny_model, tmp_path):
+def test_resume_across_launchers(ray_cluster, torchrun_run, tiny_model, tmp_path):
     """Stopped after step 6 under Ray, resumed under torchrun: the same weights."""
     out = tmp_path / "out"
     cfg = _cfg(tmp_path, tiny_model, out, "ray")

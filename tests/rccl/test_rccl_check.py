@@ -1,6 +1,6 @@
 """`rccl-check` for real: 2 gloo processes on the CPU, collectives checked element by element.
 
-The GPU side (NCCL/RCCL) cannot run here; the same code path runs it with --backend nccl.
+The GPU side (NCCL/RCCL) cannot run here; the same code path runs it with --dist-backend nccl.
 rccl-tests' all_reduce_perf cannot exist here either, so its output parser is exercised
 through a stand-in script that prints what nccl-tests prints.
 """
@@ -35,7 +35,7 @@ def test_two_gloo_ranks_all_ops_correct(tmp_path):
     out = tmp_path / "res" / "rccl.json"
     r = rccl_check("--cpu", "--nproc", "2", "--sizes", "4K,256K,1M", "--iters", "2", "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "backend=gloo world_size=2 device=cpu" in r.stdout
+    assert "dist-backend=gloo world_size=2 device=cpu" in r.stdout
     assert "all 9 results correct" in r.stdout
     data = json.loads(out.read_text())
     assert data["header"]["world_size"] == 2
@@ -123,5 +123,5 @@ def test_bad_input_exits_2():
     assert r.returncode == 2 and "unknown broadcast" in r.stderr
     r = rccl_check("--cpu", "--min-bytes", "1M", "--max-bytes", "4K")
     assert r.returncode == 2 and "larger than --max-bytes" in r.stderr
-    r = rccl_check("--cpu", "--backend", "nccl", "--nproc", "1", "--sizes", "4K")
+    r = rccl_check("--cpu", "--dist-backend", "nccl", "--nproc", "1", "--sizes", "4K")
     assert r.returncode == 2 and "needs a visible GPU" in r.stderr

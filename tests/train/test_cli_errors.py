@@ -57,7 +57,7 @@ def test_usage_error_is_one_line_naming_the_flag(name):
     ("rccl-check", ["--ops", "bogus", "--json", "r.json"], "--ops: unknown bogus"),
     ("rccl-check", ["--sizes", "12Q"], "size '12Q'"),
     ("export-model", ["--run", "nope", "--to", "merged"], "nope: no such folder"),
-    ("evaluate", ["--run", "nope", "--backend", "hf"], "nope: no such folder"),
+    ("evaluate", ["--run", "nope", "--runtime", "hf"], "nope: no such folder"),
 ])
 def test_broken_input_is_one_line_exit_2_nothing_written(tmp_path, name, args, expect):
     r = _run(name, *args, cwd=tmp_path)

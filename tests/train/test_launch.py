@@ -215,7 +215,7 @@ def test_a_rank_aborting_after_the_run_finished_is_a_warning_not_a_failure(tmp_p
 
 
 def test_ray_workers_get_the_fsdp2_settings_torchrun_ranks_get(tmp_path, tiny_models):
-    """launch --engine ray hands each Ray worker the environment `accelerate launch` gives a rank
+    """launch --launcher ray hands each Ray worker the environment `accelerate launch` gives a rank
     (accelerate's own prepare_multi_gpu_env over the node's accelerate config): for FSDP2, the
     plugin settings transformers' Accelerator reads; torchrun's rendezvous left to Ray."""
     from toolbox_train.commands.ray_train import accelerate_env

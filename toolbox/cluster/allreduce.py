@@ -63,7 +63,7 @@ def main(argv=None):
     big_t = statistics.median(timed(buf, a.iters))
     algbw = numel * 4 / big_t / 1e9
     result = {
-        "ok": ok, "sum": got, "expected": expected, "world_size": n, "backend": backend,
+        "ok": ok, "sum": got, "expected": expected, "world_size": n, "dist_backend": backend,
         "bytes": numel * 4, "latency_us": round(lat * 1e6, 1), "time_ms": round(big_t * 1e3, 3),
         "algbw_gbps": round(algbw, 3), "busbw_gbps": round(algbw * 2 * (n - 1) / n, 3),
         "ifname": os.environ.get("GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"),

@@ -13,10 +13,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from toolbox.argtypes import container_name, count, image_ref, sync_mode, tcp_port
+from toolbox.argtypes import container_name, count, image_ref, renamed, sync_mode, tcp_port
 from toolbox.cluster import ports
 from toolbox.cluster.hosts import resolve_hosts
-from toolbox.cluster.nodecmd import launch_argv, node_env, substitute, wrap_via
+from toolbox.cluster.nodecmd import launch_argv, node_env, substitute, wrap_engine
 from toolbox.cluster.probe import HostInfo, Prober, differences
 from toolbox.cluster.runner import NodeJob, Runner, failure_reason
 from toolbox.cluster.ssh import SshClient
@@ -33,12 +33,12 @@ def _console() -> Console:
 def _setup(args: argparse.Namespace):
     hosts = resolve_hosts(args.hosts, Path(args.hostfile) if args.hostfile else None)
     ssh = SshClient(Path(args.ssh_config) if args.ssh_config else None, list(args.ssh_option or []))
-    if args.via == "podman" and not args.image:
-        raise UserError("--via podman needs --image IMAGE (the same tag on every host)")
-    if args.via in ("toolbx", "distrobox") and not args.container:
-        raise UserError(f"--via {args.via} needs --container NAME")
-    target = args.image if args.via == "podman" else (args.container or "")
-    prober = Prober(ssh, args.via, target, host_env(args))
+    if args.engine == "podman" and not args.image:
+        raise UserError("--engine podman needs --image IMAGE (the same tag on every host)")
+    if args.engine in ("toolbx", "distrobox") and not args.container:
+        raise UserError(f"--engine {args.engine} needs --container NAME")
+    target = args.image if args.engine == "podman" else (args.container or "")
+    prober = Prober(ssh, args.engine, target, host_env(args))
     return hosts, ssh, prober, target
 
 
@@ -61,10 +61,10 @@ def _host_table(infos: list[HostInfo], master_addr: str) -> Table:
     return table
 
 
-def _verify_same(console: Console, infos: list[HostInfo], via: str, allow: bool) -> None:
+def _verify_same(console: Console, infos: list[HostInfo], engine: str, allow: bool) -> None:
     rows = differences(infos)
     if not rows:
-        what = "package versions" if via == "none" else "image id, digest and pins"
+        what = "package versions" if engine == "none" else "image id, digest and pins"
         console.print(f"cluster: all {len(infos)} hosts have the same {what}", markup=False)
         return
     table = Table(title="hosts differ")
@@ -100,7 +100,7 @@ def _run_nodes(args, console, ssh, infos, master_addr, target, node_argv, resume
     for rank, info in enumerate(infos):
         env = node_env(info, rank, run_id, args.transport, list(args.env or []), args.remote_path, args.workdir)
         argv = node_argv(rank, info)
-        jobs.append(NodeJob(info.host, rank, wrap_via(args.via, target, info, env, argv, args.transport, args.workdir), env))
+        jobs.append(NodeJob(info.host, rank, wrap_engine(args.engine, target, info, env, argv, args.transport, args.workdir), env))
     console.print(f"cluster: run {run_id}: starting {len(jobs)} nodes: "
                   + ", ".join(f"{j.host.destination}=rank {j.rank}" for j in jobs), markup=False)
     outcome = Runner(ssh, console, on_line).run(jobs)
@@ -145,7 +145,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     hosts, ssh, prober, target = _setup(args)
     infos, master_addr = prober.probe_all(hosts)
     console.print(_host_table(infos, master_addr))
-    _verify_same(console, infos, args.via, args.allow_mismatch)
+    _verify_same(console, infos, args.engine, args.allow_mismatch)
     _mtu_note(console, infos)
     hint_argv = [a for a in sys.argv[1:] if a != "--resume"]
     if "--" in hint_argv:
@@ -187,7 +187,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     infos, master_addr = prober.probe_all(hosts)
     console.print(f"cluster: SSH ok on {', '.join(h.destination for h in hosts)}", markup=False)
     console.print(_host_table(infos, master_addr))
-    _verify_same(console, infos, args.via, args.allow_mismatch)
+    _verify_same(console, infos, args.engine, args.allow_mismatch)
     _mtu_note(console, infos)
     if args.transport == "rdma":
         for line in rdma_report(infos):
@@ -217,7 +217,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     mtus = ", ".join(f"{i.host.destination} {i.host.ifname} MTU {i.mtu.get(i.host.ifname or '', '?')}" for i in infos)
     verdict = "correct" if r["ok"] and r["ranks_ok"] == r["world_size"] else "WRONG"
     console.print(f"cluster check: all-reduce sum {r['sum']:g} (expected {r['expected']:g}) {verdict} on "
-                  f"{r['ranks_ok']}/{r['world_size']} ranks; backend {r['backend']}, transport {args.transport}",
+                  f"{r['ranks_ok']}/{r['world_size']} ranks; dist-backend {r['dist_backend']}, transport {args.transport}",
                   markup=False)
     console.print(f"cluster check: latency {r['latency_us']} us (8 B); bandwidth {r['algbw_gbps']} GB/s algbw, "
                   f"{r['busbw_gbps']} GB/s busbw ({r['bytes'] / 2**20:g} MiB, {r['time_ms']} ms)", markup=False)
@@ -232,10 +232,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hostfile", help="one host per line (addr=IP ifname=IF optional); read before --hosts")
     p.add_argument("--transport", choices=("ethernet", "rdma"), default="ethernet")
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
-    p.add_argument("--via", choices=("podman", "toolbx", "distrobox", "none"), default="podman",
+    p.add_argument("--engine", choices=("podman", "toolbx", "distrobox", "none"), default="podman",
                    help="run in the image with podman, in an existing toolbx/distrobox container, or bare")
-    p.add_argument("--image", type=image_ref, help="image tag for --via podman (must be the same image on every host)")
-    p.add_argument("--container", type=container_name, help="container name for --via toolbx/distrobox")
+    renamed(p, "--via", "--engine")
+    p.add_argument("--image", type=image_ref, help="image tag for --engine podman (must be the same image on every host)")
+    p.add_argument("--container", type=container_name, help="container name for --engine toolbx/distrobox")
     p.add_argument("--ssh-config", "-F", help="ssh_config file to use instead of ~/.ssh/config")
     p.add_argument("--ssh-option", "-o", action="append", metavar="KEY=VALUE", help="extra ssh -o option (repeatable)")
     p.add_argument("--env", action="append", metavar="NAME",
@@ -244,6 +245,6 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=count, help="processes per node (default: launch decides, one per GPU)")
     p.add_argument("--sync", type=sync_mode, help="gradient sync: every-step or local-sgd:K (passed to launch)")
     p.add_argument("--cpu", action="store_true", help="train on CPU with gloo (tests, no GPU)")
-    p.add_argument("--remote-path", help="directory put first on PATH on every host (e.g. a venv's bin) for --via none")
+    p.add_argument("--remote-path", help="directory put first on PATH on every host (e.g. a venv's bin) for --engine none")
     p.add_argument("--workdir", help="directory to run in on every host (mounted at the same path with podman)")
     p.add_argument("--allow-mismatch", action="store_true", help="start even if hosts differ in image or packages")

@@ -77,22 +77,22 @@ def podman_options(info: HostInfo, transport: str, workdir: str | None) -> list[
     return run
 
 
-def wrap_via(via: str, target: str, info: HostInfo, env: dict[str, str], argv: list[str],
-             transport: str, workdir: str | None) -> list[str]:
-    if via == "none":
+def wrap_engine(engine: str, target: str, info: HostInfo, env: dict[str, str], argv: list[str],
+               transport: str, workdir: str | None) -> list[str]:
+    if engine == "none":
         return argv
     names = [n for n in env if n not in ("TOOLBOX_PATH_PREFIX", "TOOLBOX_WORKDIR", "PATH")]
-    if via == "podman":
+    if engine == "podman":
         name = f"toolbox-{env['TOOLBOX_CLUSTER_RUN']}-{env['TOOLBOX_NODE_RANK']}"
         env["TOOLBOX_CONTAINER"] = name  # the node wrapper stops it by name
         run = ["podman", "run", "--rm", "--name", name, *podman_options(info, transport, workdir)]
         for n in names:
             run += ["-e", n]  # NAME alone: podman copies the value from its own environment
         return run + [target, *argv]
-    if via == "toolbx":
+    if engine == "toolbx":
         # The variables are exported in the shell that runs this; what reaches the container
         # is up to toolbx/distrobox (distrobox copies the host environment).
         return ["toolbox", "run", "--container", target, *argv]
-    if via == "distrobox":
+    if engine == "distrobox":
         return ["distrobox", "enter", target, "--", *argv]
-    raise UserError(f"--via {via}: unknown (podman, toolbx, distrobox, none)")
+    raise UserError(f"--engine {engine}: unknown (podman, toolbx, distrobox, none)")

@@ -1,5 +1,5 @@
 """What each host has: addresses, MTUs, the route to the master, devices, and the software
-(image id/digest/pins, or package versions with --via none), gathered over SSH in one call."""
+(image id/digest/pins, or package versions with --engine none), gathered over SSH in one call."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ _PYPROBE = (
     "    except m.PackageNotFoundError: print('pkg\\t%s -' % n)\n"
 )
 
-# $1 = via mode, $2 = image or container, $3 = master address (may be empty).
+# $1 = engine (--engine), $2 = image or container, $3 = master address (may be empty).
 PROBE_SCRIPT = r"""
 mode=$1 target=$2 master=$3
 fmt='{{.Id}} {{.Digest}} {{json .Labels}}'
@@ -120,11 +120,11 @@ def parse_probe(host: Host, text: str) -> HostInfo:
 
 
 class Prober:
-    def __init__(self, ssh: SshClient, via: str, target: str, base_env: dict[str, str]):
-        self.ssh, self.via, self.target, self.base_env = ssh, via, target, base_env
+    def __init__(self, ssh: SshClient, engine: str, target: str, base_env: dict[str, str]):
+        self.ssh, self.engine, self.target, self.base_env = ssh, engine, target, base_env
 
     def probe(self, host: Host, master_addr: str = "") -> HostInfo:
-        proc = self.ssh.run(host, ["sh", "-c", PROBE_SCRIPT, "probe", self.via, self.target, master_addr, _PYPROBE],
+        proc = self.ssh.run(host, ["sh", "-c", PROBE_SCRIPT, "probe", self.engine, self.target, master_addr, _PYPROBE],
                             env=dict(self.base_env), timeout=60)
         info = parse_probe(host, proc.stdout.decode(errors="replace"))
         if proc.returncode != 0:

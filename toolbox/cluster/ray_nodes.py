@@ -1,9 +1,9 @@
 """`toolbox cluster ray up|status|down`: a Ray cluster on the `toolbox cluster` hosts, for
-`launch --engine ray`.
+`launch --launcher ray`.
 
 Over the same SSH host list, each host runs `ray start --block` as the SSH user: the main process
-of a detached container (--via podman), or in a session of its own in the toolbx/distrobox
-container or bare (--via none), with the network settings `launch` derives for that host
+of a detached container (--engine podman), or in a session of its own in the toolbx/distrobox
+container or bare (--engine none), with the network settings `launch` derives for that host
 (GLOO/NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE, or the RDMA HCA/GID/GDR level) in its environment,
 which Ray's workers inherit. Read against ray 2.60.0:
 - token authentication on (RAY_AUTH_MODE=token); the token travels on the SSH channel's stdin
@@ -32,7 +32,7 @@ from pathlib import Path
 from rich.console import Console
 
 from toolbox.cluster.app import host_env
-from toolbox.cluster.nodecmd import node_env, podman_options, substitute, wrap_via
+from toolbox.cluster.nodecmd import node_env, podman_options, substitute, wrap_engine
 from toolbox.cluster.probe import HostInfo
 from toolbox.errors import ToolError
 from toolbox.paths import state_dir
@@ -101,7 +101,7 @@ running() { alive "$pid"; }
 """ + WAIT + r"""rm -f "$pidf"; exit 1
 """
 
-# --via podman: a detached container per node whose main process is `ray start --block` (podman
+# --engine podman: a detached container per node whose main process is `ray start --block` (podman
 # stop = TERM to it: Ray drains and stops what it started). On the host: $1-$6 as RAY_ARGS,
 # $7 container name, $8 image, $9 the script run in it (FOREGROUND), then `podman run` options.
 PODMAN_START = CONTAINER_RUNNING + r"""
@@ -197,7 +197,7 @@ def _network_env(info: HostInfo, transport: str) -> dict[str, str]:
 
 
 def container_name(args, info: HostInfo) -> str:
-    """--via podman: the node's container, by port and host (test hosts can share one podman)."""
+    """--engine podman: the node's container, by port and host (test hosts can share one podman)."""
     return f"toolbox-ray-{args.port}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", info.host.destination)
 
 
@@ -212,11 +212,11 @@ def _node(args, info: HostInfo, rank: int, head: str, token: str, target: str) -
     gpus = "0" if args.cpu else ("" if args.num_gpus is None else str(args.num_gpus))
     folder = ray_dir(args, rank, info)
     ray_args = ["head" if rank == 0 else "worker", ip, head, str(args.port), folder, gpus]
-    if args.via == "podman":
+    if args.engine == "podman":
         node = ["sh", "-c", PODMAN_START, "toolbox-ray", *ray_args, container_name(args, info), target, FOREGROUND,
                 *podman_options(info, args.transport, args.workdir)]
     else:
-        node = wrap_via(args.via, target, info, dict(env), ["sh", "-c", START, "toolbox-ray", *ray_args],
+        node = wrap_engine(args.engine, target, info, dict(env), ["sh", "-c", START, "toolbox-ray", *ray_args],
                         args.transport, args.workdir)
     # What the node's Ray (and so every worker) runs with, as one line of `export`s for node.env.
     node_file = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
@@ -243,7 +243,7 @@ def _prepare(args):
     console = _console()
     hosts, ssh, prober, target = _setup(args)
     infos, master_addr = prober.probe_all(hosts)
-    _verify_same(console, infos, args.via, args.allow_mismatch)
+    _verify_same(console, infos, args.engine, args.allow_mismatch)
     return console, ssh, infos, master_addr, target
 
 
@@ -276,7 +276,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     head_dir = ray_dir(args, 0, infos[0])
     console.print(f"cluster ray: {len(infos)} node(s) up, head {head}, token authentication on "
                   f"(token: {token_file()}; on the head: {head_dir}/auth_token)", markup=False)
-    console.print(f"cluster ray: on the head: RAY_AUTH_TOKEN_PATH={head_dir}/auth_token launch --engine ray "
+    console.print(f"cluster ray: on the head: RAY_AUTH_TOKEN_PATH={head_dir}/auth_token launch --launcher ray "
                   f"--address {head} --nodes {len(infos)} -- finetune --config train.yaml", markup=False)
     return 0
 
@@ -288,7 +288,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         info = infos[rank]
         folder = ray_dir(args, rank, info)
         # On the host: the container's process (toolbx/distrobox share its process table) or the container.
-        argv = (["sh", "-c", PODMAN_STOP, "toolbox-ray", folder, container_name(args, info)] if args.via == "podman"
+        argv = (["sh", "-c", PODMAN_STOP, "toolbox-ray", folder, container_name(args, info)] if args.engine == "podman"
                 else ["sh", "-c", STOP, "toolbox-ray", folder])
         return _run(ssh, info, argv, host_env(args), 90)
 
@@ -315,9 +315,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         then = []
         if rank == 0:  # `ray status` from the head, where Ray is installed
             ray_status = ["sh", "-c", RAY_STATUS, "toolbox-ray-status", folder, f"{master_addr}:{args.port}"]
-            then = (["podman", "exec", container_name(args, info), *ray_status] if args.via == "podman"
-                    else wrap_via(args.via, target, info, {}, ray_status, args.transport, None))
-        argv = (["sh", "-c", PODMAN_STATUS, "toolbox-ray", container_name(args, info), *then] if args.via == "podman"
+            then = (["podman", "exec", container_name(args, info), *ray_status] if args.engine == "podman"
+                    else wrap_engine(args.engine, target, info, {}, ray_status, args.transport, None))
+        argv = (["sh", "-c", PODMAN_STATUS, "toolbox-ray", container_name(args, info), *then] if args.engine == "podman"
                 else ["sh", "-c", STATUS, "toolbox-ray", folder, *then])
         code, out = _run(ssh, info, argv, host_env(args), 120)
         for line in out.splitlines():
@@ -334,7 +334,7 @@ def register(sub) -> None:
     from toolbox.argtypes import count, tcp_port
     from toolbox.cluster.app import add_common
 
-    ray = sub.add_parser("ray", help="a Ray cluster on the hosts, for `launch --engine ray` (up, status, down)")
+    ray = sub.add_parser("ray", help="a Ray cluster on the hosts, for `launch --launcher ray` (up, status, down)")
     actions = ray.add_subparsers(dest="ray_command", metavar="ACTION", required=True)
     for name, func, help_ in (("up", cmd_up, "start Ray on every host (head first), token authentication on"),
                               ("status", cmd_status, "whether Ray runs on each host; `ray status` from the head"),

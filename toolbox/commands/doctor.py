@@ -110,12 +110,12 @@ def container_checks(args, engine, checks):
         checks.append(Check("user", "fail", str(exc).split(";")[0], str(exc)))
     labels = None
     if not args.name:
-        checks.append(Check("container", "fail", "no --name given", f"pass --name C (`toolbox create --via {engine.name}` made it)"))
+        checks.append(Check("container", "fail", "no --name given", f"pass --name C (`toolbox create --engine {engine.name}` made it)"))
     elif engine.available():
         labels = engine.container_labels(args.name)
         checks.append(Check("container", "fail" if labels is None else "ok",
                             f"{args.name} " + ("not found" if labels is None else "exists"),
-                            f"toolbox create --via {engine.name} --name {args.name}" if labels is None else ""))
+                            f"toolbox create --engine {engine.name} --name {args.name}" if labels is None else ""))
     stack_name = (labels or {}).get(LABEL_PREFIX + "stack")
     if not args.stack and not args.image and stack_name:
         stack = load_stack(stack_name)  # the container's own stack

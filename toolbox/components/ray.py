@@ -1,4 +1,4 @@
-"""Ray Train (`ray:` block) for `launch --engine ray`, in a layer of its own after the training
+"""Ray Train (`ray:` block) for `launch --launcher ray`, in a layer of its own after the training
 stack: ~600 MB that single-box and SSH+torchrun users never load, and a ray bump rebuilds only it."""
 
 from toolbox.components import Component

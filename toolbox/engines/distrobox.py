@@ -24,7 +24,7 @@ class DistroboxEngine(ContainerEngine):
         if os.geteuid() == 0:
             raise UserError(
                 "distrobox refuses to run as root (it drives rootless podman); run `toolbox create/run "
-                "--via distrobox` as your normal user, or use `--engine podman` as root"
+                "--engine distrobox` as your normal user, or use `--engine podman` as root"
             )
 
     def create_commands(self, name: str, image: str, spec: RunSpec) -> list[list[str]]:

@@ -289,7 +289,7 @@ class LlamaCpp(Model):
 class Ray(Model):
     # Its own block (not an hf pin): ~600 MB of dependencies that only multi-node users need.
     version: str = Field(description="ray[train] version: added to the stack's Python lock and installed in a "
-                         "layer of its own after the training stack, for `launch --engine ray`")
+                         "layer of its own after the training stack, for `launch --launcher ray`")
     _v = field_validator("version")(classmethod(lambda cls, v: _version(v)))
 
 
@@ -314,7 +314,7 @@ class StackModel(Model):
     unsloth: Optional[Unsloth] = Field(None, description='Unsloth and unsloth_zoo')
     hf: Hf = Field(description='the Hugging Face training libraries')
     llama_cpp: Optional[LlamaCpp] = Field(None, description="llama.cpp's tools and GGUF converter (export/evaluate)")
-    ray: Optional[Ray] = Field(None, description="Ray Train for `launch --engine ray` (unset: the image has no Ray)")
+    ray: Optional[Ray] = Field(None, description="Ray Train for `launch --launcher ray` (unset: the image has no Ray)")
     image: Image = Field(default_factory=Image, description='OCI labels')
     _t = field_validator("gpu_targets")(classmethod(lambda cls, v: _targets(v)))
 

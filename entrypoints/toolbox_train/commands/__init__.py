@@ -4,7 +4,7 @@ and the in-image health check that `toolbox doctor` runs.
   finetune         the objective's trainer over the checked Plan (thin: the checks in planning/)
   finetune_report  the end of a run as a person reads it (step lines, summary, loss.png, output.export)
   launch           accelerate/torchrun over one or more nodes (same checks at the world size it starts)
-  ray_train        Ray Train on a Ray cluster (launch --engine ray)
+  ray_train        Ray Train on a Ray cluster (launch --launcher ray)
   rccl_check       the collective-communication test
   health           the in-image health check (`toolbox doctor` runs it)
 """

@@ -23,7 +23,7 @@ import yaml
 from toolbox_train.commands import finetune
 from toolbox_train.planning import preflight
 from toolbox_train.config import rdma
-from toolbox_train.contract import Terminated, ToolError, UserError, command_parser, run_command
+from toolbox_train.contract import Terminated, ToolError, UserError, command_parser, renamed, run_command
 from toolbox_train.disk import atomic_write
 from toolbox_train.planning.plan import FINISHED, FINISHED_ENV, LAUNCH_DIR, plan
 from toolbox_train.config.sync import ENV as SYNC_ENV, parse_sync
@@ -87,13 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = command_parser("launch", "Run finetune across processes and nodes through accelerate.",
                         usage="launch --strategy ddp|fsdp [options] -- finetune --config X [...]")
     ap.add_argument("--strategy", choices=["ddp", "fsdp"], required=True)
-    ap.add_argument("--engine", choices=["torchrun", "ray"], default="torchrun",
+    ap.add_argument("--launcher", choices=["torchrun", "ray"], default="torchrun",
                     help="torchrun from this node (default), or Ray Train on the Ray cluster at --address")
-    ap.add_argument("--address", metavar="HOST:PORT", help="--engine ray: the Ray head (e.g. 10.0.0.1:6379)")
+    renamed(ap, "--engine", "--launcher")  # --engine is the container engine (toolbox run/create/cluster)
+    ap.add_argument("--address", metavar="HOST:PORT", help="--launcher ray: the Ray head (e.g. 10.0.0.1:6379)")
     ap.add_argument("--insecure", action="store_true",
-                    help="--engine ray: use a Ray cluster without token authentication (anyone reaching it runs code)")
+                    help="--launcher ray: use a Ray cluster without token authentication (anyone reaching it runs code)")
     ap.add_argument("--nproc", type=int, default=None, help="processes on this node (default: GPUs, or 2 on CPU); "
-                    "with --engine ray: workers per node (default 1)")
+                    "with --launcher ray: workers per node (default 1)")
     ap.add_argument("--nnodes", "--nodes", type=int, default=1)
     ap.add_argument("--node-rank", type=int, default=0)
     ap.add_argument("--master-addr", default=None)
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sync", default="every-step", help="every-step (default) or local-sgd:K")
     ap.add_argument("--cpu", action="store_true", help="CPU only, gloo (hides GPUs from the ranks)")
     ap.add_argument("--max-restarts", type=int, default=0,
-                    help="restarts after a failure (torchrun's; with --engine ray, Ray Train's max_failures)")
+                    help="restarts after a failure (torchrun's; with --launcher ray, Ray Train's max_failures)")
     ap.add_argument("--dry-run", action="store_true", help="resolve, write and print the settings; do not run")
     ap.add_argument("--plan", action="store_true", help="print the memory plan per device for this world size "
                     "and strategy (finetune's --device-memory, else GPU 0's free memory), and exit")
@@ -127,13 +128,13 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     if not cmd or Path(cmd[0]).name != "finetune":
         raise UserError(f"after --: expected `finetune ...`, got {shlex.join(cmd) or 'nothing'}")
     ft = finetune.build_parser().parse_args(cmd[1:])
-    if args.engine == "ray":
+    if args.launcher == "ray":
         from toolbox_train.commands.ray_train import prepare_args
 
         prepare_args(args)  # --address stands for --master-addr/--master-port
         args.master_port = free_port()  # recorded only: Ray makes the process group on a port of its own
     elif args.address or args.insecure:
-        raise UserError(f"{'--address' if args.address else '--insecure'}: only with --engine ray")
+        raise UserError(f"{'--address' if args.address else '--insecure'}: only with --launcher ray")
     for name, v in (("--nnodes", args.nnodes), ("--max-restarts", args.max_restarts + 1)):
         if v < 1:
             raise UserError(f"{name}: must be >= {1 if name == '--nnodes' else 0}")
@@ -148,12 +149,12 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     import torch
 
     gpus = torch.cuda.device_count() if not args.cpu else 0
-    cpu = args.cpu or (gpus == 0 and args.engine == "torchrun")  # Ray: the workers' nodes have the GPUs
-    nproc = args.nproc or (1 if args.engine == "ray" else gpus or 2)
+    cpu = args.cpu or (gpus == 0 and args.launcher == "torchrun")  # Ray: the workers' nodes have the GPUs
+    nproc = args.nproc or (1 if args.launcher == "ray" else gpus or 2)
     if nproc < 1:
         raise UserError("--nproc: must be >= 1")
     world = nproc * args.nnodes
-    if args.engine == "ray" and not (args.dry_run or args.plan or ft.plan):
+    if args.launcher == "ray" and not (args.dry_run or args.plan or ft.plan):
         from toolbox_train.commands.ray_train import join
 
         towards = args.ifname or interface_for(args.master_addr)
@@ -227,7 +228,7 @@ def _launch(argv: list[str]) -> int:
         return shown.code
     a, p = r["args"], r["plan"]
     settings = {
-        "engine": a.engine, "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",
+        "launcher": a.launcher, "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",
         "world_size": r["world"], "nproc_per_node": r["nproc"], "nnodes": a.nnodes, "node_rank": a.node_rank,
         "master": f"{r['accelerate']['main_process_ip']}:{r['accelerate']['main_process_port']}",
         "rendezvous": r["accelerate"]["rdzv_backend"], "transport": a.transport, "sync": r["env"][SYNC_ENV],
@@ -238,13 +239,13 @@ def _launch(argv: list[str]) -> int:
     if r["reasons"]:
         shown = {**os.environ, **r["env"]}
         settings["rdma"] = {k: f"{shown.get(k, '(unset)')}  # {why}" for k, why in r["reasons"].items()}
-    if a.engine == "ray":  # Ray makes the process group; the network settings are each node's own
+    if a.launcher == "ray":  # Ray makes the process group; the network settings are each node's own
         settings.update(master=a.address, rendezvous="Ray Train (TorchConfig)", env={SYNC_ENV: r["env"][SYNC_ENV]},
                         command=f"Ray Train TorchTrainer, {r['world']} worker(s)")
         settings.pop("rdma", None)
     if a.strategy == "fsdp":
         settings["fsdp_wrap"] = r["accelerate"]["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
-    if a.engine == "ray" and not a.dry_run:
+    if a.launcher == "ray" and not a.dry_run:
         from toolbox_train.commands import ray_train  # ray is imported on this path only (the `ray` extra)
 
         ray_train.check_run(r)  # shared storage, the inputs on every node: before anything is written
@@ -261,7 +262,7 @@ def _launch(argv: list[str]) -> int:
     sys.stderr.flush()
     if a.dry_run:
         return 0
-    if a.engine == "ray":
+    if a.launcher == "ray":
         return ray_train.train(r, argv)
     # finetune's first local rank writes this once every rank is past training, saving and
     # leaving the process group; a rank that dies after that (gloo threads torn down in

@@ -1,4 +1,4 @@
-"""`launch --engine ray --address HEAD:6379 --nodes N -- finetune --config X`: the same fine-tune as a
+"""`launch --launcher ray --address HEAD:6379 --nodes N -- finetune --config X`: the same fine-tune as a
 Ray Train TorchTrainer on a running Ray cluster, one worker per GPU (or per CPU slot with --cpu).
 
 Each worker runs finetune.run, as a torchrun rank does, with the environment `accelerate launch`
@@ -53,18 +53,18 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def prepare_args(args) -> None:
-    """launch's own flags for the Ray engine: --address replaces --master-addr/--master-port."""
+    """launch's own flags for the Ray launcher: --address replaces --master-addr/--master-port."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
-        raise ToolError("--engine ray needs Ray Train, which is not installed here: "
+        raise ToolError("--launcher ray needs Ray Train, which is not installed here: "
                         "pip install 'strix-toolbox[ray]' (ray[train]==2.60.0)")
     if not args.address:
-        raise UserError("--engine ray needs --address HEAD:PORT (the Ray head's GCS address, e.g. 10.0.0.1:6379)")
+        raise UserError("--launcher ray needs --address HEAD:PORT (the Ray head's GCS address, e.g. 10.0.0.1:6379)")
     for flag, value in (("--master-addr", args.master_addr), ("--master-port", args.master_port),
                         ("--node-rank", args.node_rank or None)):
         if value:
-            raise UserError(f"{flag}: not used with --engine ray (Ray places the workers; give --address)")
+            raise UserError(f"{flag}: not used with --launcher ray (Ray places the workers; give --address)")
     args.master_addr = split_address(args.address)[0]  # launch's interface: the one routing to the head
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from toolbox_train.contract import UserError, command_parser, run_command
+from toolbox_train.contract import UserError, command_parser, new_names, renamed, run_command
 from toolbox_train.disk import atomic_write
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=None,
                    help="local processes to start (default: one per GPU, or 2 on the CPU); "
                         "ignored under torchrun")
-    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
-                   help="auto: nccl (RCCL on ROCm) when GPUs are visible, else gloo")
+    p.add_argument("--dist-backend", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="torch.distributed's backend; auto: nccl (RCCL on ROCm) when GPUs are visible, else gloo")
+    renamed(p, "--backend", "--dist-backend")  # `backend` is finetune's HF/Unsloth
     p.add_argument("--cpu", action="store_true", help="force CPU tensors and gloo")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma list from {','.join(OPS)}")
     p.add_argument("--sizes", default=None, help="explicit comma list of sizes, e.g. 4K,1M,64M")
@@ -134,9 +135,9 @@ def run_rank(args) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     on_gpu = not args.cpu and torch.cuda.is_available()
-    backend = args.backend if args.backend != "auto" else ("nccl" if on_gpu else "gloo")
+    backend = args.dist_backend if args.dist_backend != "auto" else ("nccl" if on_gpu else "gloo")
     if backend == "nccl" and not on_gpu:
-        raise CheckError("--backend nccl needs a visible GPU (drop --cpu, or use gloo)")
+        raise CheckError("--dist-backend nccl needs a visible GPU (drop --cpu, or use gloo)")
     if on_gpu and backend == "nccl":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
@@ -199,7 +200,7 @@ def run_rank(args) -> int:
         dist.destroy_process_group()
 
     if rank == 0:
-        header = {"backend": backend, "world_size": world, "device": _device_name(torch, device),
+        header = {"dist_backend": backend, "world_size": world, "device": _device_name(torch, device),
                   "torch": torch.__version__, "nccl": _nccl_version(torch) if backend == "nccl" else None}
         print(format_table(header, results), flush=True)
         if args.json:
@@ -224,7 +225,7 @@ def _nccl_version(torch) -> str | None:
 
 
 def format_table(header: dict, results: list[dict]) -> str:
-    lines = [f"rccl-check: backend={header['backend']} world_size={header['world_size']} "
+    lines = [f"rccl-check: dist-backend={header['dist_backend']} world_size={header['world_size']} "
              f"device={header['device']} torch={header['torch']}"
              + (f" nccl/rccl={header['nccl']}" if header.get("nccl") else "")]
     lines.append(f"{'op':<15}{'size':>10}{'count':>12}{'dtype':>10}{'time_us':>12}"
@@ -352,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.op_list = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = [o for o in args.op_list if o not in OPS]
     if unknown or not args.op_list:
@@ -364,9 +366,9 @@ def _run(argv: list[str]) -> int:
     if not args.cpu:
         import torch
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if args.backend == "nccl" and gpus == 0:
-        raise CheckError("--backend nccl needs a visible GPU (drop --cpu, or use gloo)")
-    on_gpu = gpus > 0 and args.backend != "gloo"
+    if args.dist_backend == "nccl" and gpus == 0:
+        raise CheckError("--dist-backend nccl needs a visible GPU (drop --cpu, or use gloo)")
+    on_gpu = gpus > 0 and args.dist_backend != "gloo"
     args.min_bytes = args.min_bytes or ("8K" if on_gpu else "4K")
     args.max_bytes = args.max_bytes or ("256M" if on_gpu else "4M")
     args.size_list = size_list(args)
@@ -378,7 +380,7 @@ def _run(argv: list[str]) -> int:
         raise CheckError("--nproc must be at least 1")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    rc = spawn_local(args, argv)
+    rc = spawn_local(args, new_names(parser, argv))
     want_perf = args.all_reduce_perf == "on" or (args.all_reduce_perf == "auto" and on_gpu and not args.cpu)
     if want_perf:
         binary = find_all_reduce_perf()

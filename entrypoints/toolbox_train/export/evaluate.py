@@ -1,9 +1,9 @@
-"""`evaluate --run RUN [--data FILE] [--backend llama|hf] [--prompts FILE]`.
+"""`evaluate --run RUN [--data FILE] [--runtime llama|hf] [--prompts FILE]`.
 
 Perplexity of the base model and of the fine-tuned one on held-out text, side by side, written
-to RUN/eval.json. The default backend runs llama.cpp's llama-perplexity on GGUF files in a
+to RUN/eval.json. The default runtime runs llama.cpp's llama-perplexity on GGUF files in a
 separate process (an in-process HF eval of a large model can exhaust a unified-memory APU);
-`--backend hf` computes the same quantity in-process: the text cut into chunks of --ctx tokens
+`--runtime hf` (transformers) computes the same quantity in-process: the text cut into chunks of --ctx tokens
 (BOS first where the vocabulary adds one), each chunk's second half scored, as llama-perplexity does.
 """
 
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from toolbox_train.export import llamacpp
-from toolbox_train.contract import ToolError, UserError, command_parser, run_command
+from toolbox_train.contract import ToolError, UserError, command_parser, renamed, run_command
 from toolbox_train.disk import atomic_write
 from toolbox_train.guards import check_path, regular_file
 from toolbox_train.runs.folder import RunModel, find_finished, loading, rows_to_texts
@@ -70,7 +70,7 @@ def hf_perplexity(model, ids: list[int], ctx: int, bos: int | None) -> dict:
     return {"ppl": math.exp(nll / count), "ctx": ctx, "chunks": n_chunk, "scored_tokens": count}
 
 
-# ---------------------------------------------------------------- models per backend
+# ---------------------------------------------------------------- models per runtime
 
 
 def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
@@ -168,9 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "model, side by side.")
     ap.add_argument("--run", required=True, help="the finetune output folder")
     ap.add_argument("--data", help="held-out text: .txt, or a dataset file like finetune's (default: the run's eval split)")
-    ap.add_argument("--backend", choices=["llama", "hf"], default="llama",
-                    help="llama: llama-perplexity on GGUF in a separate process (default); hf: in-process")
-    ap.add_argument("--quant", default="f16", help="GGUF type evaluated with the llama backend (default f16)")
+    ap.add_argument("--runtime", choices=["llama", "hf"], default="llama",
+                    help="what computes the perplexity: llama: llama.cpp's llama-perplexity on GGUF in a separate "
+                    "process (default); hf: transformers, in-process")
+    renamed(ap, "--backend", "--runtime")  # `backend` is finetune's HF/Unsloth
+    ap.add_argument("--quant", default="f16", help="GGUF type evaluated with --runtime llama (default f16)")
     ap.add_argument("--ctx", type=int, default=512, help="tokens per chunk (lowered to fit short text)")
     ap.add_argument("--prompts", help="a file of prompts, one per line: greedy completions of both models")
     ap.add_argument("--max-new-tokens", type=int, default=32)
@@ -182,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(args):
     rm = find_finished(Path(args.run))
-    if args.backend == "llama":
+    if args.runtime == "llama":
         quant = llamacpp.parse_quants(args.quant)
         if len(quant) != 1:
             raise UserError("--quant: one type for evaluate")
@@ -242,10 +244,10 @@ def run(argv: list[str]) -> dict:
     if ctx < args.ctx:
         say(f"held-out text has {len(ids)} tokens: --ctx lowered to {ctx}")
     base_path = rm.resolved["model"]["path"]
-    result = {"run": str(rm.run), "backend": args.backend, "ctx": ctx, "text_tokens": len(ids),
+    result = {"run": str(rm.run), "runtime": args.runtime, "ctx": ctx, "text_tokens": len(ids),
               "data": args.data or "the run's eval split"}
     completions = []
-    if args.backend == "llama":
+    if args.runtime == "llama":
         result["quant"] = args.quant
         result["llama_cpp"] = tools.version()
         cache = rm.run / "eval"
@@ -291,7 +293,7 @@ def run(argv: list[str]) -> dict:
 
 
 def report(r: dict) -> str:
-    lines = [f"perplexity ({r['backend']}{', ' + r['quant'] if 'quant' in r else ''}; ctx {r['ctx']}, "
+    lines = [f"perplexity ({r['runtime']}{', ' + r['quant'] if 'quant' in r else ''}; ctx {r['ctx']}, "
              f"{r['base']['scored_tokens']} scored tokens of {r['data']})",
              f"  {'base':>12} {'fine-tuned':>12} {'difference':>18}",
              f"  {r['base']['ppl']:12.4f} {r['finetuned']['ppl']:12.4f} "
