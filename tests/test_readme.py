@@ -1,4 +1,5 @@
-"""README.md and docs/*.md as a contract (issue 12, item 5).
+"""README.md and docs/*.md as a contract (issue 12, item 5; issue 39 moved most of the README's
+examples into docs/ pages, which this collects alike).
 
 Every fenced shell example (```bash / ```sh) runs here, in a fresh folder, unless the line
 before its fence says why not: `<!-- readme-test: not run: REASON -->` (a GPU, two hosts, the
@@ -203,8 +204,8 @@ def test_runnable_examples_run(fence, tmp_path):
 
 
 def test_readme_mine_yaml_renders(tmp_path):
-    """The README's own `mine.yaml` is a stack that loads and renders as written."""
-    block = next(f for f in fences([ROOT / "README.md"]) if f.lang == "yaml" and "mine.yaml" in f.text)
+    """The docs' own `mine.yaml` (docs/stacks.md) is a stack that loads and renders as written."""
+    block = next(f for f in fences() if f.lang == "yaml" and "mine.yaml" in f.text)
     (tmp_path / "mine.yaml").write_text(block.text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "entrypoints")])}
     cp = subprocess.run([sys.executable, "-m", "toolbox", "render", "--stack", str(tmp_path / "mine.yaml")],
@@ -213,10 +214,10 @@ def test_readme_mine_yaml_renders(tmp_path):
 
 
 def test_readme_set_examples_respect_the_stated_caps():
-    """`--set hf.X=V` on the gfx1151 stack stays within the caps the README states for it."""
+    """`--set hf.X=V` on the gfx1151 stack stays within the caps the docs state for it."""
     from packaging.version import Version
 
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join(f.read_text() for f in DOCS)
     caps = dict((k, Version(v)) for k, v in re.findall(r"caps (?:\w+ at [\d.]+ and )?(\w+) at ([\d.]+)", text))
     caps.update((k, Version(v)) for k, v in re.findall(r"caps (\w+) at ([\d.]+)", text))
     assert {"transformers", "trl"} <= set(caps), caps
@@ -233,7 +234,7 @@ def test_readme_set_examples_respect_the_stated_caps():
             for k, v in re.findall(r"--set hf\.(\w+)=(\S+)", shlex.join(args)):
                 seen += 1
                 if k in caps:
-                    assert Version(v) <= caps[k], f"{f.id}: --set hf.{k}={v} on gfx1151, README caps {k} at {caps[k]}"
+                    assert Version(v) <= caps[k], f"{f.id}: --set hf.{k}={v} on gfx1151, the docs cap {k} at {caps[k]}"
     assert seen
 
 

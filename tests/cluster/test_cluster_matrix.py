@@ -4,7 +4,7 @@ port free, the broken host named, and the printed `--resume` line finishing with
 an uninterrupted run (one reference run shared by all cases). Then a bounded soak: short
 back-to-back runs, none of which may be reported failed.
 
-What each fault gives is listed in README.md (Multi-node: "What a fault gives")."""
+What each fault gives is listed in docs/cluster.md ("What a fault gives")."""
 
 from __future__ import annotations
 
