@@ -20,7 +20,7 @@ import threading
 import traceback
 
 from toolbox import __version__
-from toolbox.errors import Terminated, ToolError, UserError
+from toolbox.errors import Terminated, ToolError, UserError, mask_secrets
 
 # command: (module in toolbox/commands/, its line in `toolbox --help`)
 COMMANDS = {
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         line, code = _error_line(exc, command)
         if debug:
             traceback.print_exc()
-        print(line, file=sys.stderr)
+        print(mask_secrets(line), file=sys.stderr)
         return code
     finally:
         if old_term is not None:

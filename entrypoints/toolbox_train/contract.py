@@ -1,18 +1,20 @@
 """The one CLI contract of the training commands (finetune, launch, export-model, evaluate, bench,
-rccl-check): the errors they raise, `--debug`, and what happens to an exception that reaches
-the entry point: one line and a non-zero exit (UserError 2, ToolError 1, interrupt 130); the
-traceback only with --debug or TOOLBOX_DEBUG=1. The same contract as the host's `toolbox` CLI
-(toolbox/cli.py), which this package cannot import."""
+rccl-check) and of the host's `toolbox` (toolbox/errors.py re-exports it): the errors they raise,
+`--debug`, the machine's faults, secrets masked in every line, and what happens to an exception
+that reaches the entry point: one line and a non-zero exit (UserError 2, ToolError 1, interrupt
+130, SIGTERM 143); the traceback only with --debug or TOOLBOX_DEBUG=1."""
 
 from __future__ import annotations
 
 import argparse
 import errno
 import os
+import re
 import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Callable, Sequence
 
 
@@ -28,9 +30,11 @@ class ToolError(Exception):
     exit_code = 1
 
 
-class Terminated(BaseException):
-    """SIGTERM (a scheduler, `podman stop`), raised where the program is, as SIGINT raises
-    KeyboardInterrupt: `finally` blocks and temp-file cleanups run; exit code 143 (128 + 15)."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `kill`, `podman stop`), raised in the main thread as SIGINT raises
+    KeyboardInterrupt, and a KeyboardInterrupt: every cleanup written for Ctrl-C runs for it too
+    (`finally` blocks, temp files, the nodes of a cluster run stopped); a handler that must tell
+    the two apart catches Terminated first. Exit code 143 (128 + 15)."""
 
     exit_code = 128 + signal.SIGTERM
 
@@ -46,8 +50,50 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
 
 
 # A failed write or read the machine caused (not the input, not a bug): a full disk, a quota, a
-# file system that went read-only or failed.
-MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+# file system that went read-only or failed. The one list: disk.write_error and the guards use it.
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+MACHINE_ERRNOS = (*FULL_ERRNOS, errno.EROFS, errno.EIO)
+_FULL = tuple((code, os.strerror(code)) for code in FULL_ERRNOS)
+
+
+def disk_full(exc: BaseException, where: Path | None = None) -> str | None:
+    """The cause's words ('No space left on device', 'Disk quota exceeded') when the failed write
+    `exc` (or one it came from) met a full disk, else None. safetensors says it in its text ("os
+    error 28"); torch.save only "unexpected pos" or "file write failed": then the file system of
+    `where` with (almost) nothing left says it."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        for code, words in _FULL:
+            if (isinstance(e, OSError) and e.errno == code) or words in str(e) or f"os error {code})" in str(e):
+                return words
+        e = e.__cause__ or e.__context__
+    if where is not None:
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            return None
+        if st.f_bavail * st.f_frsize < 2**20:  # a write that fails with under 1 MiB left
+            return f"{os.strerror(errno.ENOSPC)} ({st.f_bavail * st.f_frsize // 1024} KiB free)"
+    return None
+
+
+# The environment's secrets the trackers and the hub read; their values never reach a printed line.
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN",
+              "MLFLOW_TRACKING_PASSWORD")
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*):[^\s/@]*@")
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with the password of every URL (`https://user:***@host/`) and the value of every
+    SECRET_ENV variable set here (`***`) masked: the one rule for every line an error prints."""
+    text = _URL_PASSWORD.sub(r"\1:***@", str(text))
+    for name in SECRET_ENV:
+        value = os.environ.get(name, "")
+        if len(value) >= 4:  # a value of one or two characters would mask half the line
+            text = text.replace(value, "***")
+    return text
 
 
 def machine_fault(exc: BaseException) -> str | None:
@@ -56,8 +102,6 @@ def machine_fault(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno in MACHINE_ERRNOS:
         where = f"{exc.filename}: " if exc.filename else ""
         return f"{where}{exc.strerror or os.strerror(exc.errno)}"
-    from toolbox_train.disk import disk_full
-
     full = disk_full(exc)
     return f"disk full ({full}): {type(exc).__name__}: {first_line(exc)}" if full else None
 
@@ -133,6 +177,10 @@ def internal_error_line(prog: str, exc: BaseException) -> str:
     return f"{prog}: internal error: {what} (run with --debug or TOOLBOX_DEBUG=1 for the traceback)"
 
 
+def _say(line: str) -> None:
+    print(mask_secrets(line), file=sys.stderr)
+
+
 def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted: str = "interrupted") -> int:
     """Run `body` (argument parsing included); turn what escapes it into one line and an exit code:
     UserError 2, ToolError 1, KeyboardInterrupt 130, SIGTERM 143, anything else 1 (the traceback only
@@ -145,15 +193,15 @@ def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted
         sys.stdout.flush()
         return code
     except Terminated as exc:
-        print(f"{prog}: terminated (SIGTERM){': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        _say(f"{prog}: terminated (SIGTERM){': ' + str(exc) if str(exc) else ''}")
         return exc.exit_code
     except (UserError, ToolError) as exc:
         if debug:
             traceback.print_exc()
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        _say(f"{prog}: error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"{prog}: {interrupted}", file=sys.stderr)
+        _say(f"{prog}: {interrupted}")
         return 130
     except BrokenPipeError:  # `bench list | head -1`: the reader left; say nothing
         _quiet_stdout()
@@ -169,9 +217,9 @@ def _guarded(prog: str, body: Callable[[], int | None], debug: bool, interrupted
         if debug:
             traceback.print_exc()
         if fault:  # the machine's, not a bug: one line and exit 1 (the traceback only with debug)
-            print(f"{prog}: error: {fault}", file=sys.stderr)
+            _say(f"{prog}: error: {fault}")
         elif not debug:
-            print(internal_error_line(prog, exc), file=sys.stderr)
+            _say(internal_error_line(prog, exc))
         return 1
     finally:
         if old is not None:

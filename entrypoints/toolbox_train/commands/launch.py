@@ -274,6 +274,8 @@ def _launch(argv: list[str]) -> int:
     env = {**os.environ, **r["env"], FINISHED_ENV: str(finished)}
     try:
         code, terminated = _torchrun(r["command"], env)
+    except Terminated:  # a KeyboardInterrupt too, but exit 143, not 130
+        raise
     except KeyboardInterrupt:
         return 130
     if terminated:

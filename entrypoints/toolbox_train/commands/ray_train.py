@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolbox_train.contract import ToolError, UserError
+from toolbox_train.contract import Terminated, ToolError, UserError
 from toolbox_train.disk import atomic_write
 from toolbox_train.config.sync import ENV as SYNC_ENV
 
@@ -298,6 +298,8 @@ def train(r: dict[str, Any], argv: list[str]) -> int:
     try:
         result = trainer.fit()
         error = result.error
+    except Terminated:  # a KeyboardInterrupt too, but exit 143, not 130
+        raise
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - TrainingFailedError, or the head gone (RPC errors)
