@@ -22,7 +22,6 @@ whatever the node IP; the token is what guards them, so keep the cluster network
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import secrets
 import shlex
@@ -35,6 +34,7 @@ from toolbox.cluster.app import host_env
 from toolbox.cluster.nodecmd import node_env, podman_options, substitute, wrap_engine
 from toolbox.cluster.probe import HostInfo
 from toolbox.errors import ToolError
+from toolbox.files import atomic_write
 from toolbox.paths import state_dir
 from toolbox_train.config import rdma
 
@@ -177,9 +177,7 @@ def cluster_token() -> str:
             return token
     token = secrets.token_hex(32)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token)
+    atomic_write(path, token, mode=0o600)  # the temp file is 0600 from the start
     return token
 
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from toolbox_train import bench
+from toolbox_train.disk import atomic_write, write_json
 from toolbox_train.models import arithmetic
 
 # (shape, backend, method, gradient checkpointing, batch, seq)
@@ -91,7 +92,7 @@ def run_memory(out: Path, work: Path, parallel: int, budget_gib: float, rows=MEM
             results.append(rec)
             print(f"calibration: {rec['id']}: predicted {pred:.2f} GiB, measured {rec.get('measured_gib')} rc {proc.returncode}",
                   flush=True)
-            (out / "memory.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+            write_json(out / "memory.json", results)
         in_use = sum(x[3] for x in running)
         while pending and len(running) < parallel:
             r = pending[0]
@@ -107,7 +108,7 @@ def run_memory(out: Path, work: Path, parallel: int, budget_gib: float, rows=MEM
                     "options": {"ckpt": gc, "batch": batch}, "label": _row_id(r), "device": dev, "seq": seq,
                     "batch": batch, "warmup": 1, "steps": 2, "model_dir": built[shape], "data": datas[(shape, seq)],
                     "tok_vocab": 32768, "workdir": str(rdir), "lr": {"full": 1e-5, "lora": 2e-4}}
-            (rdir / "spec.json").write_text(json.dumps(spec))
+            write_json(rdir / "spec.json", spec)
             log = open(rdir / "log.txt", "w")
             proc = subprocess.Popen([sys.executable, "-m", "toolbox_train.bench", "_row", str(rdir / "spec.json"),
                                      str(rdir / "result.json")], stdout=log, stderr=subprocess.STDOUT)
@@ -150,7 +151,7 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
                     options={"liger": True} if backend == "hf" else {})
         res = run_bare(spec, str(mdir))
         res.update(shape=shape, variant=variant, backend=backend, method=method, versions=versions())
-        (out / f"probe-{shape}-{backend}-{method}-{variant}.json").write_text(json.dumps(res, indent=2) + "\n")
+        write_json(out / f"probe-{shape}-{backend}-{method}-{variant}.json", res)
         print(f"calibration probe {shape} {backend} {method} {variant}: {res['tokens_per_s']:,.0f} tokens/s, "
               f"peak {res['peak_gib']} GiB, steps {res['step_times']}", flush=True)
         return res
@@ -219,12 +220,12 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
 
         s = io.StringIO()
         pstats.Stats(prof_state["cp"], stream=s).sort_stats("cumulative").print_stats(60)
-        (out / f"cprofile-{shape}-{variant}.txt").write_text(s.getvalue())
+        atomic_write(out / f"cprofile-{shape}-{variant}.txt", s.getvalue())
         tp = prof_state["tp"]
-        (out / f"torchprof-{shape}-{variant}.txt").write_text(
+        atomic_write(out / f"torchprof-{shape}-{variant}.txt",
             tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=45) + "\n\n"
             + tp.key_averages().table(sort_by="cuda_time_total" if dev == "cuda" else "cpu_time_total", row_limit=25))
-    (out / f"probe-{shape}-{backend}-{method}-{variant}.json").write_text(json.dumps(res, indent=2) + "\n")
+    write_json(out / f"probe-{shape}-{backend}-{method}-{variant}.json", res)
     print(f"calibration probe {shape} {variant}: {res['tokens_per_s']:,.0f} tokens/s, peak {res['peak_gib']} GiB, "
           f"steps {res['step_times']}", flush=True)
     return res

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from toolbox_train.contract import command_parser, run_command
+from toolbox_train.disk import atomic_write
 from toolbox_train.bench.orchestrate import run_matrix
 from toolbox_train.bench.report import merge, render_table, write_report
 from toolbox_train.bench.host import VARIANTS
@@ -100,9 +101,7 @@ def dispatch(args: argparse.Namespace) -> int:
                          steps=args.steps, peak_tflops=args.peak_tflops, row_timeout=args.row_timeout,
                          workdir=args.workdir, command=" ".join(["bench", *sys.argv[1:]]))
     if args.no_chart:
-        tmp = args.out / ".results.md.tmp"
-        tmp.write_text(render_table(results))
-        tmp.replace(args.out / "results.md")
+        atomic_write(args.out / "results.md", render_table(results))
     else:
         write_report(results, args.out)
     print(render_table(results))

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from toolbox_train.disk import write_json
+from toolbox_train.disk import atomic_write, write_json
 from toolbox_train.bench.measure import load_hf
 from toolbox_train.bench.rows import finetune_config
 from toolbox_train.bench.synthetic import read_token_batches
@@ -253,7 +253,7 @@ def run_host_overhead(shape: str, out: Path, workdir: Path, variants: Sequence[s
            "cpu": platform.processor() or platform.machine()}
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "host-overhead.json", res)
-    (out / "host-overhead.md").write_text(render(res))
+    atomic_write(out / "host-overhead.md", render(res))
     return res
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Sequence
 
-from toolbox_train.disk import write_json
+from toolbox_train.disk import atomic_write, write_json
 from toolbox_train.bench.shapes import BenchError
 
 
@@ -135,10 +136,10 @@ def render_chart(results: dict, path: Path) -> Path:
     fig.suptitle(f"finetune vs references on {d.get('name')}, seq {results['seq']}, batch {results['batch']}, bf16 "
                  "(grey: bare loops, orange: TRL direct, blue: finetune, purple: launch)", fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
+    atomic_write(path, png.getvalue())
     return path
 
 
@@ -171,7 +172,5 @@ def merge(paths: Sequence[Path]) -> dict:
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", results)
-    tmp = out / ".results.md.tmp"
-    tmp.write_text(render_table(results))
-    tmp.replace(out / "results.md")
+    atomic_write(out / "results.md", render_table(results))
     render_chart(results, out / "chart.png")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolbox_train.disk import write_json
+from toolbox_train.disk import atomic_write, write_json
 from toolbox_train.bench.environment import versions
 from toolbox_train.bench.measure import (CountingCollator, StepTimer, apply_liger, attn_implementation, count_tokens, load_hf,
                       load_unsloth, lora_config, peak_gib, reset_peak, result_from_steps, router_kwargs,
@@ -193,7 +193,7 @@ def run_launch(spec: dict, model_dir: str, data_path: str, workdir: str) -> dict
 
     out_dir = Path(workdir) / "out"
     cfg_path = Path(workdir) / "train.yaml"
-    cfg_path.write_text(yaml.safe_dump(finetune_config(spec, model_dir, data_path, str(out_dir))))
+    atomic_write(cfg_path, yaml.safe_dump(finetune_config(spec, model_dir, data_path, str(out_dir))))
     cmd = [sys.executable, "-m", "toolbox_train.commands.launch", "--strategy", spec["options"].get("strategy", "fsdp"),
            "--nproc", "1", "--", "finetune", "--config", str(cfg_path), "--overwrite"]
     print("+", " ".join(cmd), flush=True)

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from toolbox_train.bench.shapes import SHAPES, SPECIAL_TOKENS
+from toolbox_train.disk import atomic_write
 
 
 def build_tokenizer(dest: Path, vocab_size: int):
@@ -57,13 +58,11 @@ def write_text_dataset(path: Path, n: int, words: int, vocab: int, seed: int = 0
     """JSONL of `text` rows of `words` word-tokens: a random motif repeated, so loss can fall (copying)."""
     rng = random.Random(seed)
     lo = len(SPECIAL_TOKENS)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        for _ in range(n):
-            m = [f"w{rng.randrange(lo, vocab)}" for _ in range(motif)]
-            f.write(json.dumps({"text": " ".join((m * (words // motif + 1))[:words])}) + "\n")
-    tmp.replace(path)
-    return path
+    rows = []
+    for _ in range(n):
+        m = [f"w{rng.randrange(lo, vocab)}" for _ in range(motif)]
+        rows.append(json.dumps({"text": " ".join((m * (words // motif + 1))[:words])}) + "\n")
+    return atomic_write(path, "".join(rows))
 
 
 def read_token_batches(path: str, batch: int, seq: int, n: int):

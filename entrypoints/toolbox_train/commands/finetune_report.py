@@ -3,11 +3,12 @@ dicts on stdout), a short summary, loss.png beside metrics.jsonl, and `output.ex
 
 from __future__ import annotations
 
-import os
+import io
 import shlex
 import sys
 from pathlib import Path
 
+from toolbox_train.disk import atomic_write
 from toolbox_train.runs.folder import METRICS, SUMMARY, human_size
 
 
@@ -65,10 +66,10 @@ def loss_plot(out: Path, rows: list[dict], evals: list[dict]) -> str | None:
     ax.set_title(out.name)
     ax.grid(alpha=0.3)
     ax.legend()
-    tmp = out / ".loss.png.tmp"
-    fig.savefig(tmp, format="png", bbox_inches="tight")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, out / "loss.png")
+    atomic_write(out / "loss.png", png.getvalue())
     return str(out / "loss.png")
 
 

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from toolbox_train.disk import atomic_write
 from toolbox_train.runs.folder import SUMMARY
 
 CARD = "README.md"
@@ -154,7 +155,7 @@ def write(run: Path, resolved: dict, dest: Path, output: str, files: list[str] =
     """README.md in `dest` for the run in `run` (its summary.json read there)."""
     summary = json.loads((run / SUMMARY).read_text()) if (run / SUMMARY).is_file() else {}
     path = dest / CARD
-    path.write_text(card_text(resolved, summary, output, files), encoding="utf-8")
+    atomic_write(path, card_text(resolved, summary, output, files))
     return path
 
 
