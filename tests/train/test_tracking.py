@@ -197,3 +197,55 @@ def test_a_folder_store_from_the_environment_is_named(tmp_path, capsys, monkeypa
     assert not (tmp_path / "out").exists()
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own opt-out: accepted then
     assert finetune.main(["--config", str(cfg), "--plan"]) == 0
+
+
+def _one_masked_line(err: str) -> str:
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "s3cret" not in err, err
+    return err
+
+
+def test_a_password_in_a_set_uri_is_masked_in_the_error(tmp_path, capsys, tiny_model, clean_env):
+    # the YAML form never repeated the value; the --set form named its item, password and all
+    data = write_dataset(tmp_path / "d.jsonl")
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump(train_config(tiny_model, data, tmp_path / "out")))
+    assert finetune.main(["--config", str(cfg), "--set", "output.mlflow.tracking_uri=https://alice:s3cret@mlflow.example/"]) == 2
+    err = _one_masked_line(capsys.readouterr().err)
+    assert "credentials in the URI would land in config.resolved.yaml" in err
+    assert "--set output.mlflow.tracking_uri=https://alice:***@mlflow.example/" in err
+    assert not (tmp_path / "out").exists()
+
+
+def _closed_port() -> int:
+    """A port of 127.0.0.1 nothing listens on (bound, then closed): a tracking server that is down."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_tracking_server_that_is_down_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch, tiny_model,
+                                                                         clean_env):
+    port = _closed_port()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:s3cret@127.0.0.1:{port}/")
+    data = write_dataset(tmp_path / "d.jsonl")
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump(train_config(tiny_model, data, tmp_path / "out", **{"output.report_to": ["mlflow"]})))
+    assert finetune.main(["--config", str(cfg)]) == 2
+    err = _one_masked_line(capsys.readouterr().err)
+    assert (f"MLFLOW_TRACKING_URI (environment): http://alice:***@127.0.0.1:{port}/: cannot reach the MLflow server "
+            f"127.0.0.1:{port} (Connection refused)") in err
+    assert not (tmp_path / "out").exists()  # no config.resolved.yaml, no model loaded
+
+
+def test_a_tracking_server_that_listens_passes_the_check():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        tracking._check_mlflow_store(f"http://127.0.0.1:{s.getsockname()[1]}/")
+    with pytest.raises(UserError, match="cannot reach the MLflow server"):
+        tracking._check_mlflow_store(f"http://127.0.0.1:{_closed_port()}/")

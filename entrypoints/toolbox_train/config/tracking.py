@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Literal
@@ -106,6 +107,29 @@ def _check_mlflow_store(uri: str | None) -> None:
     if scheme == "file" or not scheme or len(scheme) == 1:  # a path (C:\... on Windows)
         raise UserError(f"{field}: {uri}: MLflow's folder store is in maintenance mode and refused by mlflow "
                         "3.17; use a sqlite file (sqlite:///PATH/mlflow.db), or set MLFLOW_ALLOW_FILE_STORE=true")
+    if scheme in ("http", "https"):
+        _check_reachable(field, uri)
+
+
+REACH_TIMEOUT_S = 5
+
+
+def _check_reachable(field: str, uri: str) -> None:
+    """A tracking server that is down would fail the run only after the model loaded and the run
+    folder was written: a TCP connect to it now, before anything (the guard masks the URI's password)."""
+    parts = urlsplit(uri)
+    try:
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:  # a port that is not a number
+        raise UserError(f"{field}: {uri}: {exc}") from None
+    if not host:
+        raise UserError(f"{field}: {uri}: no host in the URI")
+    try:
+        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__  # socket.timeout has no strerror
+        raise UserError(f"{field}: {uri}: cannot reach the MLflow server {host}:{port} ({why}); start it, or "
+                        "point the URI at one that runs") from None
 
 
 def _local(d: str | None, base: Path, default: Path) -> str:
