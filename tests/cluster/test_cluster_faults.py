@@ -121,3 +121,15 @@ def test_launch_refuses_a_held_master_port_naming_the_pid(hosts, clean, train_cf
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"cannot start: master port {ck.PORT} on node1 is held by PID {holder.pid} " in r.stderr, r.stderr
     assert f"kill {holder.pid}" in r.stderr and "starting" not in r.stdout
+
+
+def test_a_config_error_on_every_node_exits_2_without_a_resume_hint(hosts, clean, train_cfg, tmp_path):
+    """Issue 39: every node refused the config (exit 2, before any step), and the launcher still said
+    `to resume from the last checkpoint: ... --resume`, which would be refused the same way."""
+    r = toolbox(hosts, "launch", "--strategy", "ddp", "--nproc", "1", "--",
+                "finetune", "--config", str(train_cfg), "--set", f"output.dir={tmp_path / 'out'}-{{node_rank}}",
+                "--set", "nosuch.key=1")
+    log = r.stdout + r.stderr
+    assert r.returncode == 2, log[-3000:]
+    assert "nosuch: unknown key" in log and "cluster: FAILED" in log
+    assert "to resume" not in log, log[-3000:]

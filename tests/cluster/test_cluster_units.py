@@ -234,3 +234,18 @@ def test_ray_node_setup_crosses_into_the_container_by_file_not_environment(engin
         f = tmp_path / "ray-1" / name
         assert stat.S_IMODE(f.stat().st_mode) == 0o600
     assert (tmp_path / "ray-1" / "auth_token").read_text() == "t0ken" * 8
+
+
+def test_a_usage_error_on_every_failed_node_gets_no_resume_hint():
+    from toolbox.cluster.runner import NodeJob, Outcome
+
+    def job(rank, code):
+        return NodeJob(Host(f"node{rank}", f"node{rank}"), rank, ["true"], {}, returncode=code)
+
+    bad_config = [job(0, 2), job(1, 2)]
+    assert Outcome(2, bad_config, False, []).usage_error
+    assert Outcome(2, bad_config[:1], False, [job(1, -15)]).usage_error  # the other node stopped by us
+    assert not Outcome(1, [job(0, 2), job(1, 1)], False, []).usage_error  # a fault on one node: resumable
+    assert not Outcome(1, [job(0, 1)], False, []).usage_error
+    assert not Outcome(130, [], True, bad_config).usage_error  # interrupted: resume
+    assert not Outcome(0, [], False, []).usage_error

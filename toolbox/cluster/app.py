@@ -128,7 +128,7 @@ def _run_nodes(args, console, ssh, infos, master_addr, target, node_argv, resume
         console.print(f"cluster: FAILED: {j.host.destination} (node rank {j.rank}): {failure_reason(j)}", markup=False)
     if outcome.stopped and not outcome.interrupted:
         console.print("cluster: stopped " + ", ".join(j.host.destination for j in outcome.stopped), markup=False)
-    if resume_hint:
+    if resume_hint and not outcome.usage_error:  # bad input: the same command fails the same way
         console.print(f"cluster: to resume from the last checkpoint: {resume_hint}", markup=False)
     return outcome.returncode
 

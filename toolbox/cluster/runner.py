@@ -48,6 +48,12 @@ class Outcome:
     stopped: list[NodeJob]  # nodes we had to stop
     late: list[NodeJob] = field(default_factory=list)  # exited non-zero after they had finished
 
+    @property
+    def usage_error(self) -> bool:
+        """Every node that failed on its own exited 2: bad input (the config, a flag), refused before
+        any step, which a `--resume` would meet the same way."""
+        return not self.interrupted and bool(self.failed) and all(j.returncode == 2 for j in self.failed)
+
 
 class Runner:
     def __init__(self, ssh: SshClient, console: Console | None = None, on_line=None):
