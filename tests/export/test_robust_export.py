@@ -193,7 +193,7 @@ def test_a_full_disk_leaves_no_temp_file(run, tmp_path):
     assert "rc=1" in r.stdout, (r.stdout, r.stderr)
     assert r.stdout.split("rc=1", 1)[1].split() == ["fill"]  # no .eval.json.*.tmp left behind
     last = r.stderr.strip().splitlines()[-1]
-    assert last == f"evaluate: error: --out {disk}/eval.json: cannot write the result: No space left on device"
+    assert last == f"evaluate: error: {disk}/eval.json: cannot write: No space left on device; nothing was changed"
     assert "Traceback" not in r.stderr
 
 

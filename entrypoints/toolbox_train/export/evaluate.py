@@ -284,10 +284,8 @@ def run(argv: list[str]) -> dict:
     result["difference_pct"] = 100.0 * (f - b) / b
     if completions:
         result["completions"] = completions
-    try:  # a temp file beside it, renamed when whole; removed when the disk is full
-        atomic_write(args.out, json.dumps(result, indent=2) + "\n")
-    except OSError as exc:
-        raise ToolError(f"--out {args.out}: cannot write the result: {exc.strerror or exc}") from None
+    # a temp file beside it, renamed when whole; a full disk: a ToolError naming it, nothing left
+    atomic_write(args.out, json.dumps(result, indent=2) + "\n")
     result["written"] = str(args.out)
     return result
 
