@@ -5,7 +5,8 @@ The write's fsyncs are seen: the file's before the rename, the folder's after it
 from __future__ import annotations
 
 import os
-import signal
+import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -83,6 +84,25 @@ def test_a_write_fsyncs_the_file_then_renames_then_fsyncs_the_folder(tmp_path, f
     assert fsyncs[1][2] == "out.json" and target.stat().st_ino == fsyncs[0][2]  # the synced file is the one renamed
     assert fsyncs[2][2] == tmp_path.stat().st_ino
     assert stat.S_IMODE(target.stat().st_mode) == 0o644  # not mkstemp's 0600
+
+
+def test_the_kernel_sees_fsync_rename_fsync_of_the_folder(tmp_path):
+    """The system calls themselves (strace), not Python's names for them: the temp file synced, renamed
+    over the target, then the folder synced."""
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed")
+    code = f"from pathlib import Path; from toolbox_train.disk import atomic_write; atomic_write(Path({str(tmp_path / 'out.json')!r}), 'x')"
+    r = subprocess.run(["strace", "-f", "-y", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", sys.executable,
+                        "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "entrypoints")},
+                       timeout=60)
+    if r.returncode != 0 and "ptrace" in r.stderr.lower():
+        pytest.skip(f"strace cannot trace here: {r.stderr.strip()[:200]}")
+    calls = [ln for ln in r.stderr.splitlines() if re.match(r"(\[pid +\d+\] )?(fsync|fdatasync|rename)", ln)]
+    d = re.escape(str(tmp_path))
+    assert len(calls) == 3, r.stderr
+    assert re.match(rf"fsync\(\d+<{d}/\.out\.json\.\w+\.tmp>\) += 0", calls[0]), calls
+    assert re.match(rf'rename(at2?)?\(.*"{d}/\.out\.json\.\w+\.tmp", .*"{d}/out\.json".*\) += 0', calls[1]), calls
+    assert re.match(rf"fsync\(\d+<{d}>\) += 0", calls[2]), calls
 
 
 def test_the_image_write_follows_links_writes_streams_and_refuses_folders(tmp_path):
