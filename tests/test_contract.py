@@ -158,3 +158,11 @@ def test_every_guarded_line_is_masked(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "hunter2" not in err and "wandb-secret-value" not in err, err
     assert "https://me:***@mlflow.local/ with key ***" in err
+
+
+def test_the_host_cli_masks_by_the_same_rule(capsys):
+    from toolbox import cli
+
+    assert cli.main(["bump", "torch", "--index-url", "ftp://alice:s3cret@h/simple"]) == 2
+    err = capsys.readouterr().err
+    assert "s3cret" not in err and "'ftp://alice:***@h/simple' is not an http(s):// or file:// URL" in err, err
