@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Runs toolbox's main() in a Python where the train extra cannot be imported (as in a venv with
 # only `pip install -e .`, which installs toolbox_train's code but not torch & co.): a meta_path
 # finder refuses them. BLOCK_TRAIN=1 refuses toolbox_train's modules too, all but the torch-free
-# safe_yaml the host reads YAML with.
+# bottom layer the host shares: safe_yaml (YAML), contract (errors) and disk (the atomic write).
 BLOCKED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "matplotlib")
-ALLOWED = ("toolbox_train", "toolbox_train.safe_yaml", "toolbox_train.contract")
+ALLOWED = ("toolbox_train", "toolbox_train.safe_yaml", "toolbox_train.contract", "toolbox_train.disk")
 BOOT = textwrap.dedent(f"""
     import os, sys
     class Block:
