@@ -1,7 +1,8 @@
 """Issue 32's GRPO generation share: what part of a GRPO step `finetune` spends inside generation
 (transformers' `generate`, TRL 1.15's default), per step, on a random-init bench shape with LoRA.
 
-    python docs/bench/grpo_rows.py OUT WORK [--shapes llama-1b,qwen3-0.6b] [--generation transformers]
+    python docs/bench/grpo_rows.py OUT WORK [--shapes llama-1b,qwen3-0.6b] [--generation transformers,auto]
+        [--repeats N]   (issue 41: N rounds, each shape's samplers in alternating order, one process a row)
     python docs/bench/grpo_rows.py OUT WORK --one SHAPE GENERATION   (one row; what the driver runs per process)
 
 How it is timed: TRL 1.15 wraps its generation in `profiling_context` blocks ("transformers.generate",
@@ -63,14 +64,18 @@ def record_trl_timings(into: list) -> None:
     profiling.ProfilingContext.__exit__ = __exit__
 
 
-def step_clock(times: dict):
-    """A TrainerCallback: wall time of each optimizer step (previous step's end to this one's)."""
+def step_clock(times: dict, sampler: dict | None = None):
+    """A TrainerCallback: wall time of each optimizer step (previous step's end to this one's); `sampler`
+    gets the GRPOConfig arguments that say which sampler ran (what grpo.generation resolved to)."""
     from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
         last = None
 
-        def on_train_begin(self, *a, **k):
+        def on_train_begin(self, args, *a, **k):
+            if sampler is not None:
+                sampler.update({k: getattr(args, k, None) for k in (
+                    "cache_implementation", "use_transformers_continuous_batching", "use_vllm")})
             _sync()
             Clock.last = time.perf_counter()
 
@@ -112,12 +117,12 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
            "train": {"max_steps": ENV["WARMUP"] + ENV["STEPS"], "per_device_batch_size": ENV["BATCH"],
                      "precision": "bf16" if DEVICE == "cuda" else "fp32", "lr_scheduler": "constant", "seed": 0},
            "output": {"dir": str(run_dir), "save_steps": 0, "logging_steps": 1, "progress_bar": False}}
-    if generation != "transformers":  # the default is left out, so a code tree without the key runs it too
-        cfg["grpo"]["generation"] = generation
+    cfg["grpo"]["generation"] = generation  # named even for transformers: the default is auto since issue 41
     blocks: list = []
     steps: dict = {}
+    sampler: dict = {}
     record_trl_timings(blocks)
-    finetune.run(cfg, overwrite=True, callbacks=[step_clock(steps)])
+    finetune.run(cfg, overwrite=True, callbacks=[step_clock(steps, sampler)])
     per_step = []
     for s in sorted(steps):
         gen = sum(d for n, st, d in blocks if st == s and n in GENERATE)
@@ -128,7 +133,7 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
     total = sum(r["step_s"] for r in timed)
     gen = sum(r["generate_s"] for r in timed)
     prep = sum(r["prepare_inputs_s"] for r in timed)
-    row = {"shape": shape, "generation": generation, "device": _device_name(),
+    row = {"shape": shape, "generation": generation, "sampler_args": sampler, "device": _device_name(),
            "settings": dict(ENV, lora_r=16, backend="hf", method="lora"),
            "timed_steps": len(timed), "step_s_mean": round(total / len(timed), 3),
            "generate_s_mean": round(gen / len(timed), 3), "generate_share": round(gen / total, 3),
@@ -183,17 +188,21 @@ def main(argv: list[str]) -> int:
         return 0
     opt = dict(zip(argv[2::2], argv[3::2]))
     rows = []
-    for shape in opt.get("--shapes", "llama-1b,qwen3-0.6b").split(","):
-        for gen in opt.get("--generation", "transformers").split(","):
-            cp = subprocess.run([sys.executable, __file__, str(out), str(work), "--one", shape, gen],
-                                capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-            (out / f"grpo-{shape}-{gen}.log").write_text(cp.stdout + cp.stderr)
-            row = next((json.loads(x[4:]) for x in cp.stdout.splitlines() if x.startswith("ROW ")),
-                       {"shape": shape, "generation": gen,
-                        "error": (cp.stderr.strip().splitlines() or ["?"])[-1]})
-            print(json.dumps({k: v for k, v in row.items() if k != "per_step"}), flush=True)
-            rows.append(row)
-            (out / "grpo-rows.json").write_text(json.dumps(rows, indent=2) + "\n")  # after each row: a cut run keeps its rows
+    gens = opt.get("--generation", "transformers").split(",")
+    order = [(shape, gen, r) for r in range(int(opt.get("--repeats", 1)))
+             for shape in opt.get("--shapes", "llama-1b,qwen3-0.6b").split(",")
+             for gen in (gens if r % 2 == 0 else gens[::-1])]  # interleaved: each round flips the order
+    for shape, gen, rep in order:
+        cp = subprocess.run([sys.executable, __file__, str(out), str(work), "--one", shape, gen],
+                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        (out / f"grpo-{shape}-{gen}-r{rep}.log").write_text(cp.stdout + cp.stderr)
+        row = next((json.loads(x[4:]) for x in cp.stdout.splitlines() if x.startswith("ROW ")),
+                   {"shape": shape, "generation": gen,
+                    "error": (cp.stderr.strip().splitlines() or ["?"])[-1]})
+        row["repeat"] = rep
+        print(json.dumps({k: v for k, v in row.items() if k != "per_step"}), flush=True)
+        rows.append(row)
+        (out / "grpo-rows.json").write_text(json.dumps(rows, indent=2) + "\n")  # after each row: a cut run keeps its rows
     return 0
 
 

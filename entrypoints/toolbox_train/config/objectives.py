@@ -14,6 +14,10 @@ DATA_FORMAT = {"dpo": "preference", "orpo": "preference", "kto": "unpaired", "gr
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
               "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft")
 BUILTIN_REWARDS = ("format", "length")
+# TRL 1.15's GRPO loss types (GRPOConfig.loss_type; its default dapo)
+GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+# grpo.generation: auto picks one of the others (planning/generation.py)
+GENERATION = ("auto", "transformers", "transformers-static", "transformers-paged", "vllm-colocate")
 
 
 class _Strict(BaseModel):
@@ -81,15 +85,45 @@ class GrpoCfg(_Strict):
     temperature: float = Field(1.0, gt=0)
     beta: float = Field(0.0, ge=0, description="KL weight; > 0 needs the reference model")
     rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")
-    generation: Literal["transformers", "vllm-colocate"] = Field(
-        "transformers", description="transformers' generate, or TRL's vLLM colocate mode (generation.py)")
+    generation: Literal[GENERATION] = Field(  # type: ignore[valid-type]
+        "auto", description="auto (the fastest sampler this machine runs), transformers (generate, dynamic cache), "
+                            "transformers-static (static cache, compiled decoding), transformers-paged (continuous "
+                            "batching), vllm-colocate (planning/generation.py)")
     vllm_gpu_memory_utilization: float | None = Field(
         None, gt=0, lt=1, description="vllm-colocate: the GPU memory share vLLM takes (TRL's default 0.3)")
+    # TRL 1.15's GRPOConfig, its names and defaults
+    loss_type: Literal[GRPO_LOSSES] = Field("dapo", description="how token losses are aggregated")  # type: ignore[valid-type]
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="sequence: one ratio per completion (GSPO)")
+    epsilon: float = Field(0.2, gt=0, lt=1, description="lower clipping bound of the ratio: 1 - epsilon")
+    epsilon_high: float | None = Field(None, gt=0, description="upper bound 1 + epsilon_high (clip-higher, DAPO: "
+                                                               "0.28); cispo: the ratio's cap (ScaleRL: 5.0)")
+    num_iterations: int = Field(1, ge=1, description="optimization passes over each generated batch (mu)")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="the std rewards are divided by")
+    mask_truncated_completions: bool = Field(False, description="completions cut at max_completion_length "
+                                                                "are left out of the loss")
+    steps_per_generation: int | None = Field(None, ge=1, description="optimizer micro-steps per generated batch; "
+                                                                     "default: gradient accumulation")
 
     @model_validator(mode="after")
-    def _vllm_only(self):
+    def _combinations(self):
         if self.vllm_gpu_memory_utilization is not None and self.generation != "vllm-colocate":
             raise ValueError("vllm_gpu_memory_utilization belongs to generation: vllm-colocate")
+        lt, level, hi = self.loss_type, self.importance_sampling_level, self.epsilon_high
+        if lt == "cispo":
+            if hi is None or hi <= 1:
+                raise ValueError(f"loss_type cispo caps the ratio at epsilon_high, which must be above 1 "
+                                 f"(got {hi}; ScaleRL: 5.0)")
+        elif hi is not None and hi < self.epsilon:
+            raise ValueError(f"epsilon_high {hi} is below epsilon {self.epsilon} (clip-higher: epsilon_high >= epsilon)")
+        # TRL 1.15 only warns about these; each trains something else than its name says
+        if lt == "luspo" and level != "sequence":
+            raise ValueError("loss_type luspo is sequence-level: set importance_sampling_level: sequence")
+        if lt == "vespo" and level != "token":
+            raise ValueError("loss_type vespo computes its sequence weights itself: importance_sampling_level: token")
+        if level == "sequence" and lt in ("bnpo", "dr_grpo", "dapo", "cispo"):
+            raise ValueError(f"importance_sampling_level sequence (GSPO) with loss_type {lt} weights each completion "
+                             f"by its length; GSPO is loss_type grpo (or luspo)")
         return self
 
 

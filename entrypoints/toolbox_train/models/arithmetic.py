@@ -197,6 +197,8 @@ class Setting:
     unified_memory: bool = False  # APU: host offload takes the same memory
     reference_copy: bool = False  # DPO/KTO full fine-tuning: a frozen copy of the model beside it
     lora_params: int | None = None  # the adapter's size as PEFT built it; None: Shape.lora_params's count
+    sampler_kv: float = 0.0  # GRPO: bytes of the sampler's KV cache (planning/generation.py kv_cache_bytes)
+    sampler_kv_resident: bool = False  # a static cache under compiled decoding: counted through the whole step
 
     @property
     def kernels(self) -> str:
@@ -350,6 +352,11 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     bwd_tail = max(tail, grads + CAL["bwd_layers"][k] * lb) + parts.get("ddp_buckets", 0)
     step = grads + temp + parts.get("ddp_buckets", 0)
     phases = {"forward/backward": fwd_end, "end of backward": bwd_tail, "optimizer step": step}
+    if st.sampler_kv:  # GRPO's generation: its KV cache, then freed (or kept: sampler_kv_resident)
+        parts["sampler_kv_cache"] = st.sampler_kv
+        if st.sampler_kv_resident:
+            phases = {k: v + st.sampler_kv for k, v in phases.items()}
+        phases["generation"] = st.sampler_kv
     where = max(phases, key=phases.get)
     parts["activations_peak"] = fwd_end
     parts["grads"] = grads

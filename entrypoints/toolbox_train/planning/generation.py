@@ -1,6 +1,10 @@
-"""How GRPO generates its completions (`grpo.generation`): transformers' `generate` (TRL's default)
-or TRL's vLLM colocate mode (`use_vllm`, `vllm_mode: colocate`: a vLLM engine in the training
-process, on the same GPU, its share of memory `grpo.vllm_gpu_memory_utilization`).
+"""How GRPO generates its completions (`grpo.generation`): transformers' `generate` with its dynamic
+cache (TRL's default), the same with a static cache and compiled decoding (`transformers-static`:
+GRPOConfig.cache_implementation "static", the compile TRL turns off turned back on by
+objectives/grpo_trainer.py), transformers' continuous batching (`transformers-paged`: TRL's
+`use_transformers_continuous_batching`), or TRL's vLLM colocate mode (`use_vllm`, `vllm_mode:
+colocate`: a vLLM engine in the training process, its share of memory `grpo.vllm_gpu_memory_utilization`).
+`auto` picks the fastest this machine runs (`pick`), measured on an H100 (docs/preference.md).
 
 vLLM's PyPI wheels are CUDA builds, each pinned to one torch (vLLM 0.31.0 and 0.32.0: torch==2.13.0,
 the cuda stack's; 0.33.0 and 0.34.0: torch==2.14.0); TRL 1.15 declares vLLM 0.21.0-0.31.0 supported
@@ -13,7 +17,6 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import PackageNotFoundError, requires, version
 
-GENERATION = ("transformers", "vllm-colocate")
 VLLM_FOR_TRL = "0.31.0"  # the newest vLLM TRL 1.15 declares supported; the `vllm` extra pins it
 
 
@@ -34,7 +37,7 @@ def _torch_pin() -> str | None:
 def refusal(cfg, backend: str, gpu: bool) -> str | None:
     """Why `grpo.generation: vllm-colocate` cannot run here (one line naming the field), or None.
     The installed packages first (what an image fixes), then the machine."""
-    if cfg.objective != "grpo" or cfg.grpo.generation == "transformers":
+    if cfg.objective != "grpo" or cfg.grpo.generation != "vllm-colocate":
         return None
     field = "grpo.generation: vllm-colocate"
     try:
@@ -71,11 +74,59 @@ def refusal(cfg, backend: str, gpu: bool) -> str | None:
     return None
 
 
-def trl_kwargs(g) -> dict:
-    """GRPOConfig's generation arguments for the `grpo` section `g`."""
-    if g.generation == "transformers":
+def pick(cfg, backend: str, gpu: bool) -> tuple[str, str]:
+    """The sampler a GRPO run uses, and why: `grpo.generation` as set, or what `auto` resolves to.
+    `gpu`: the run (or the machine planned for) trains on a GPU."""
+    g = cfg.grpo.generation
+    if g != "auto":
+        return g, "set in the config"
+    if backend == "unsloth":
+        # Unsloth's patched GRPOTrainer generates through its own patched `generate`; a static cache
+        # compiled under its patches has not been run here
+        return "transformers", "auto: backend unsloth generates through Unsloth's own patched generate"
+    if not gpu:
+        # transformers compiles decoding only on an accelerator (generate's _valid_auto_compile_criteria):
+        # a static cache alone is the dynamic one's work in a preallocated buffer
+        return "transformers", "auto: on the CPU transformers compiles no decoding"
+    return "transformers-static", ("auto: static cache + compiled decoding (H100, 2026-12-06: 2.9x generate's "
+                                   "dynamic cache on llama-1b, 4.5x on qwen3-0.6b)")
+
+
+def trl_kwargs(g, picked: str | None = None) -> dict:
+    """GRPOConfig's generation arguments for the `grpo` section `g` (`picked`: what `auto` resolved to)."""
+    picked = picked or g.generation
+    if picked == "auto":
+        raise ValueError("grpo.generation: auto must be resolved with pick() first")
+    if picked == "transformers":
         return {"use_vllm": False}
+    if picked == "transformers-static":
+        return {"use_vllm": False, "cache_implementation": "static"}
+    if picked == "transformers-paged":
+        return {"use_vllm": False, "use_transformers_continuous_batching": True}
     kw = {"use_vllm": True, "vllm_mode": "colocate"}
     if g.vllm_gpu_memory_utilization is not None:
         kw["vllm_gpu_memory_utilization"] = g.vllm_gpu_memory_utilization
     return kw
+
+
+def kv_cache_bytes(shape, sequences: int, tokens: int, dtype_bytes: int) -> float:
+    """The sampler's KV cache: `sequences` completions of `tokens` positions each (prompt + completion;
+    a static cache allocates the whole length up front), K and V in every layer."""
+    return float(sequences * tokens * shape.layers * shape.kv_heads * shape.head_dim * 2 * dtype_bytes)
+
+
+def with_sampler(cfg, st, shape, backend: str, gpu: bool, world: int) -> tuple:
+    """GRPO: the KV cache of the completions each device generates at once (TRL's generation batch:
+    per_device_batch_size x steps_per_generation, the groups included), each prompt + completion long."""
+    import dataclasses
+
+    sampler, why = pick(cfg, backend, gpu)
+    said = f"{sampler} ({why})"
+    if sampler == "vllm-colocate":  # vLLM's own share of memory, not a cache the planner sizes
+        return st, said
+    t, g = cfg.train, cfg.grpo
+    accum = t.batch_size // (world * st.batch) if t.batch_size else t.gradient_accumulation_steps
+    seqs = st.batch * (g.steps_per_generation or max(1, accum))
+    kv = kv_cache_bytes(shape, seqs, cfg.data.max_seq_length + g.max_completion_length,
+                        4 if st.precision == "fp32" else 2)
+    return dataclasses.replace(st, sampler_kv=kv, sampler_kv_resident=sampler == "transformers-static"), said

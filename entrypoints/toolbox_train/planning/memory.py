@@ -182,6 +182,7 @@ class MemoryPlan:
     device_bytes: float | None
     table: str
     batch_reason: str = ""  # per_device_batch_size: auto
+    sampler: str = ""  # GRPO: the sampler grpo.generation resolves to, and why
 
     def estimate(self) -> Estimate:
         return estimate(self.shape, self.setting)
@@ -192,7 +193,11 @@ class MemoryPlan:
         return (f"memory plan: predicted peak {e.peak_gib:.1f} GiB per device"
                 + (f" of {self.device_bytes / GiB:.1f} GiB" if self.device_bytes else "")
                 + (f" (with the frozen reference copy, {ref / GiB:.2f} GiB)" if ref else "")
-                + f"; gradient checkpointing {self.decision.gradient_checkpointing} ({self.decision.reason})")
+                + f"; gradient checkpointing {self.decision.gradient_checkpointing} ({self.decision.reason})"
+                + (f"; GRPO sampler {self.sampler}" if self.sampler else "")
+                + (f", its KV cache {e.parts['sampler_kv_cache'] / GiB:.2f} GiB"
+                   f"{' (static: held through the step)' if self.setting.sampler_kv_resident else ''}"
+                   if e.parts.get("sampler_kv_cache") else ""))
 
 
 def device_memory(override: str | None = None, local_rank: int = 0) -> float | None:
@@ -247,6 +252,11 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
         per_dev = t.batch_size // world_size if t.batch_size else None
         b, _, batch_reason = decide_batch(shape, dataclasses.replace(st, batch=1), device_bytes, per_dev)
         st = dataclasses.replace(st, batch=b)
+    sampler = ""
+    if objective == "grpo":
+        from toolbox_train.planning.generation import with_sampler
+
+        st, sampler = with_sampler(cfg, st, shape, backend, gpu, world_size)
     dec = decide_checkpointing(shape, st, device_bytes)
     if t.gradient_checkpointing != "auto":
         chosen = t.gradient_checkpointing
@@ -257,7 +267,8 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     rows = dec.estimates + ([estimate(shape, final)] if final not in [e.setting for e in dec.estimates] else [])
     if device_bytes and estimate(shape, final).peak > device_bytes:  # what would fit instead
         rows += [a for a in alternatives(shape, final, device_bytes) if a.setting not in [r.setting for r in rows]]
-    return MemoryPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final), batch_reason)
+    return MemoryPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final), batch_reason,
+                      sampler)
 
 
 def refusal(p: MemoryPlan) -> str | None:

@@ -155,11 +155,12 @@ def check(p, world_size: int, tok=None, sets=()) -> tuple[list, list[float]] | N
     why = generation.refusal(cfg, p.backend, p.gpu)
     if why:
         raise UserError(p.locate(why))
-    g = cfg.grpo.num_generations
-    batch = cfg.train.per_device_batch_size * p.grad_accum * world_size
+    g, spg = cfg.grpo.num_generations, cfg.grpo.steps_per_generation
+    batch = cfg.train.per_device_batch_size * (spg or p.grad_accum) * world_size  # TRL's generation batch
     if batch % g:
+        steps = "grpo.steps_per_generation" if spg else "accumulation"
         raise UserError(p.locate(f"grpo.num_generations: {g} completions per prompt must divide the global "
-                                 f"batch of completions ({batch}: per_device_batch_size x accumulation x ranks)"))
+                                 f"batch of completions ({batch}: per_device_batch_size x {steps} x ranks)"))
     try:
         funcs, weights = resolve(cfg, p.base)
         for ds, field in sets:
