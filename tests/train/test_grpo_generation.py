@@ -66,8 +66,8 @@ def test_unsloth_backend_and_the_config_rules(tmp_path, tiny_model, capsys, monk
     assert "backend is unsloth" in generation.refusal(cfg, "unsloth", gpu=True)
     assert generation.refusal(cfg.model_copy(update={"objective": "sft"}), "hf", gpu=False) is None
     plain = TrainConfig.model_validate(base)
-    assert plain.grpo.generation == "transformers" and generation.refusal(plain, "hf", gpu=False) is None
-    assert generation.trl_kwargs(plain.grpo) == {"use_vllm": False}
+    assert plain.grpo.generation == "auto" and generation.refusal(plain, "hf", gpu=False) is None
+    assert generation.trl_kwargs(plain.grpo, "transformers") == {"use_vllm": False}
     # backend auto: Unsloth where it is (planning for a toolbox image: `machine`), hf for the vLLM mode
     assert pick_backend(plain, gpu=True, fsdp=False, machine="image") == "unsloth"
     assert pick_backend(cfg, gpu=True, fsdp=False, machine="image") == "hf"
