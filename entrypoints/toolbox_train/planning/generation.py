@@ -81,9 +81,9 @@ def pick(cfg, backend: str, gpu: bool) -> tuple[str, str]:
     if g != "auto":
         return g, "set in the config"
     if backend == "unsloth":
-        # Unsloth's patched GRPOTrainer generates through its own patched `generate`; a static cache
-        # compiled under its patches has not been run here
-        return "transformers", "auto: backend unsloth generates through Unsloth's own patched generate"
+        # Unsloth's own fast sampler is vLLM (fast_inference), which finetune does not load; a static
+        # cache compiled under its patched model has not been run here
+        return "transformers", "auto: backend unsloth, whose static cache under compile is not measured"
     if not gpu:
         # transformers compiles decoding only on an accelerator (generate's _valid_auto_compile_criteria):
         # a static cache alone is the dynamic one's work in a preallocated buffer
