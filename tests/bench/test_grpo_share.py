@@ -22,8 +22,9 @@ def test_grpo_rows_times_generate_inside_each_step(tmp_path):
                        timeout=600)
     assert p.returncode == 0, p.stderr
     (row,) = json.loads((tmp_path / "out" / "grpo-rows.json").read_text())
-    log = (tmp_path / "out" / "grpo-tiny-llama-transformers.log").read_text()
+    log = (tmp_path / "out" / "grpo-tiny-llama-transformers-r0.log").read_text()
     assert "error" not in row, log
+    assert row["repeat"] == 0 and row["sampler_args"]["cache_implementation"] is None  # TRL's default generate
     assert "transformers.generate" in row["blocks_seen"] and row["settings"]["COMPLETION"] == 12
     assert [s["step"] for s in row["per_step"]] == [1, 2, 3] and row["timed_steps"] == 2
     for s in row["per_step"]:  # one generation per step (accumulation 1), inside it and inside _prepare_inputs

@@ -45,6 +45,7 @@ def test_plan_says_the_pick_and_its_kv_cache(tmp_path, tiny_model, capsys):
     kv = 4 * (48 + 8) * 2 * 2 * 16 * 2 * 2
     assert "GRPO sampler transformers-static (auto: static cache + compiled decoding" in out, out
     assert f"its KV cache {kv / 2**30:.2f} GiB (static: held through the step)" in out, out
+    assert "| full hf no ckpt b4 s56 |" in out, out  # the loss reads prompt (48) + completion (8)
     assert finetune.main(["--config", str(cfg), "--plan"]) == 0  # this machine: the CPU
     out = capsys.readouterr().out
     assert "GRPO sampler transformers (auto: on the CPU transformers compiles no decoding)" in out, out

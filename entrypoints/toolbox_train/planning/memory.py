@@ -238,11 +238,13 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     # DPO/ORPO run chosen and rejected in one batch. KTO runs each row and a mismatched (KL) one, but
     # TRL 1.15 scores the KL rows under no_grad (kto_trainer.py): only its own rows keep activations
     rows = 2 if objective in ("dpo", "orpo") else 1
+    # GRPO's loss reads each prompt with its completion (max_seq_length bounds the prompt alone)
+    seq = cfg.data.max_seq_length + (cfg.grpo.max_completion_length if objective == "grpo" else 0)
     # TRL's DPO/KTO score tokens with its fused head (chunked, no logits); its ORPOTrainer reads the model's
     # bf16 logits of both sequences (Unsloth's forward on its backend does not build them)
     head = "full" if not gpu else "logits" if objective == "orpo" and backend != "unsloth" else "chunked"
     st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
-                 batch=t.per_device_batch_size * rows, seq=cfg.data.max_seq_length,
+                 batch=t.per_device_batch_size * rows, seq=seq,
                  reference_copy=objective != "sft" and reference(cfg) == "copy", precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
