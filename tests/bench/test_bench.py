@@ -301,7 +301,7 @@ def test_host_overhead_runs_finetune_on_the_fused_head_path_with_a_large_vocab(t
     import trl.trainer.utils as trl_utils
 
     from toolbox_train.bench.host import run_host_overhead
-    from toolbox_train.objectives.logprob import TorchLogProb
+    from toolbox_train.training.logprob import TorchLogProb
 
     asked = []
     apply = TorchLogProb.apply

@@ -117,7 +117,7 @@ def step_syncs(cfg: dict, overrides=(), fused_head: bool = True) -> tuple[list[d
 
     from toolbox_train.bench.host import torch_fused_head
     from toolbox_train.commands import finetune
-    from toolbox_train.objectives import sft_trainer
+    from toolbox_train.objectives.sft import trainer as sft_trainer
 
     counter = SyncCounter()
     steps: list[dict] = []

@@ -1,11 +1,15 @@
 """The training package in layers (issue 34): each folder of `toolbox_train` is one layer, and a
 module imports only from its own layer and the layers below it, in the order docs/architecture.md
-writes down (## Layers of the training package). Imports inside functions and under
+writes down (## Layers of the training package). A layer is a folder, or a glob of modules
+within one (`objectives/*/*`: every objective's TRL config and trainer, above the layers the
+objectives' declarations sit under); a module's layer is the most specific entry it falls under.
+Imports inside functions and under
 TYPE_CHECKING count, as for the host's circles (tests/test_layout_host.py); the graph is read
 with `ast`, nothing is imported to check it."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shutil
 from pathlib import Path
@@ -19,10 +23,10 @@ DOC = ROOT / "docs" / "architecture.md"
 
 def layer_order(text: str) -> list[str]:
     """The layers as the page lists them, bottom first: 'toolbox_train' (its own modules), then
-    its folders ('config', ...)."""
+    its folders ('config', ...) and globs of modules ('objectives/*/*')."""
     m = re.search(r"^## Layers of the training package\n(.*?)(?=^## |\Z)", text, re.M | re.S)
     assert m, f"{DOC}: no section '## Layers of the training package'"
-    return [name.rstrip("/") for name in re.findall(r"^\d+\. `([\w/]+)`", m.group(1), re.M)]
+    return [name.rstrip("/") for name in re.findall(r"^\d+\. `([\w/*]+)`", m.group(1), re.M)]
 
 
 def back_edges(package: Path, order: list[str]) -> list[str]:
@@ -32,7 +36,12 @@ def back_edges(package: Path, order: list[str]) -> list[str]:
 
     def layer(module: str) -> str:
         parts = module.split(".")
-        return parts[1] if len(parts) > 1 and parts[1] in folders else top
+        if len(parts) < 2 or parts[1] not in folders:
+            return top
+        path = "/".join(parts[1:])
+        hits = [e for e in order if e != top and (fnmatch.fnmatchcase(path, e) or path.startswith(e + "/")
+                                                 or path == e)]
+        return max(hits, key=lambda e: e.count("/"))
 
     rank = {name: i for i, name in enumerate(order)}
     graph = import_graph(modules({top: package}))
@@ -49,7 +58,12 @@ def test_the_page_lists_every_folder_of_the_training_package_once():
     order = layer_order(DOC.read_text(encoding="utf-8"))
     folders = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").is_file())
     assert order[0] == "toolbox_train" and len(order) == len(set(order)), order
-    assert sorted(order[1:]) == folders, f"the page's layers {order[1:]}; the package's folders {folders}"
+    plain = sorted(e for e in order[1:] if "*" not in e)
+    assert plain == folders, f"the page's layers {order[1:]}; the package's folders {folders}"
+    # a glob names modules that exist, within a folder that is a layer of its own
+    mods = ["/".join(m.split(".")[1:]) for m in modules({PKG.name: PKG})]
+    for glob in (e for e in order if "*" in e):
+        assert glob.split("/")[0] in folders and fnmatch.filter(mods, glob), f"{glob}: no module of the package"
 
 
 def test_imports_point_down_the_layers_only():
@@ -69,8 +83,12 @@ def test_an_added_back_edge_is_found(tmp_path):
     runs = copy / "runs" / "folder.py"
     runs.write_text(runs.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                     "    from toolbox_train.training.trainer import Toolbox\n")
+    unit = copy / "objectives" / "dpo" / "__init__.py"  # a declaration asking its trainer (a glob's layer)
+    unit.write_text(unit.read_text() + "\n\ndef _late():\n    from toolbox_train.objectives.dpo import trainer\n")
     assert back_edges(copy, order) == [
         "toolbox_train.config.schema -> toolbox_train.commands.finetune (layer config imports layer commands)",
+        "toolbox_train.objectives.dpo -> toolbox_train.objectives.dpo.trainer "
+        "(layer objectives imports layer objectives/*/*)",
         "toolbox_train.runs.folder -> toolbox_train.training.trainer (layer runs imports layer training)"]
 
 

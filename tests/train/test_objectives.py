@@ -63,7 +63,7 @@ def test_dpo_loss_equals_trl_dpotrainer_run_directly(tmp_path, tiny_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from toolbox_train.objectives import logprob
+    from toolbox_train.training import logprob
 
     over = {"train.max_steps": 3, "dpo.beta": 0.2, "dpo.loss_type": "ipo", "train.seed": 3}
     finetune.run(_cfg(tmp_path, tiny_model, "dpo", "full", **over))

@@ -189,7 +189,7 @@ def _losses_by_head(tmp_path, monkeypatch, shape: str, steps: int, method: str =
     monkeypatch.setattr(trainer, "fused_head_ok", lambda inputs: True)
     monkeypatch.setattr(step_metrics, "LIGER_FLCE", [flce])
     if amp:
-        from toolbox_train.objectives import sft_config
+        from toolbox_train.objectives.sft import config as sft_config
 
         common = sft_config.common_args
         monkeypatch.setattr(sft_config, "common_args", lambda p, dist: {**common(p, dist), "bf16": True})

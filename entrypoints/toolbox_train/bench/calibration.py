@@ -128,7 +128,7 @@ def run_probe(shape: str, variant: str, out: Path, work: Path, warmup: int, step
     from transformers import TrainerCallback
 
     from toolbox_train.commands import finetune
-    from toolbox_train.objectives import sft_config
+    from toolbox_train.objectives.sft import config as sft_config
     from toolbox_train.training import trainer as trainer_mod
     from toolbox_train.bench.environment import versions
     from toolbox_train.bench.rows import run_bare

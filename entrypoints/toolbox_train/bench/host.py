@@ -87,7 +87,7 @@ def torch_fused_head():
     from trl.trainer import utils
 
     from toolbox_train.training import trainer
-    from toolbox_train.objectives.logprob import TorchLogProb
+    from toolbox_train.training.logprob import TorchLogProb
 
     saved = utils._ChunkedLogProbFunction, trainer.fused_head_ok
     utils._ChunkedLogProbFunction, trainer.fused_head_ok = TorchLogProb, (lambda inputs: True)

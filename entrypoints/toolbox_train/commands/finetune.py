@@ -35,10 +35,9 @@ from toolbox_train.config import tracking
 from toolbox_train.config.schema import SOURCE_KEYS
 from toolbox_train import objectives
 from toolbox_train.planning import rewards as grpo_rewards
-from toolbox_train.config.objectives import DATA_FORMAT, reference
 from toolbox_train.runs.folder import METRICS, SUMMARY
 
-OBJECTIVE_SECTIONS = set(DATA_FORMAT)
+OBJECTIVE_SECTIONS = {n for n, u in objectives.REGISTRY.items() if u.section}
 
 
 def _trim_metrics(path: Path, upto: int) -> None:
@@ -83,7 +82,7 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
                              "lm_head_kernel": p.lm_head_kernel,
                              "data_format": fmt, "sync": p.sync,
                              "gradient_checkpointing": p.gradient_checkpointing,
-                             "objective": p.cfg.objective, "reference_model": reference(p.cfg)}
+                             "objective": p.cfg.objective, "reference_model": objectives.reference(p.cfg)}
     experts = lora_target_parameters(p)
     if experts:  # GPT-OSS's fused experts: adapted through PEFT's target_parameters (models/lora.py)
         resolved["_resolved"]["lora_target_parameters"] = experts
@@ -119,7 +118,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         log(n)
     log(f"backend {p.backend}, method {p.cfg.method}, data {fmt} ({len(train_ds)} rows), "
         f"precision {p.precision}, world size {p.world_size}, grad accumulation {p.grad_accum}, liger {p.liger}")
-    if p.cfg.objective != "sft":
+    if objectives.of(p.cfg).section:
         log(objectives.describe(p.cfg))
     if p.memory is not None:
         log(p.memory.banner())

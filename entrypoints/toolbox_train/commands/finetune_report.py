@@ -80,7 +80,7 @@ def model_location(out: Path, method: str, save: str) -> str:
     return where + (f"; merged model in {out / 'merged'}" if save == "both" else "")
 
 
-HUMAN_METRICS = ("rewards/accuracies", "rewards/margins", "kl", "reward")
+HUMAN_METRICS = ("rewards/accuracies", "rewards/margins", "kl", "reward", "accuracy", "margin")
 
 
 def human(s: dict) -> str:

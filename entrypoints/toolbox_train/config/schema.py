@@ -7,13 +7,13 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from toolbox_train.contract import UserError
 from toolbox_train.guards import path_problem, special_file
 from toolbox_train.safe_yaml import SafeYamlError, load_file, load_text
 from toolbox_train.config.errors import fmt_errors, set_item
-from toolbox_train.config.objectives import DpoCfg, GrpoCfg, KtoCfg, OrpoCfg
+from toolbox_train import objectives
 from toolbox_train.config.tracking import MlflowCfg, Tracker, TrackioCfg, WandbCfg
 
 
@@ -234,24 +234,27 @@ class OutputCfg(_Strict):
     _dir = field_validator("dir")(_openable)
 
 
-class TrainConfig(_Strict):
+class _Config(_Strict):
     model: ModelCfg
     data: DataCfg
-    objective: Literal["sft", "dpo", "orpo", "kto", "grpo"] = "sft"
-    dpo: DpoCfg = DpoCfg()
-    orpo: OrpoCfg = OrpoCfg()
-    kto: KtoCfg = KtoCfg()
-    grpo: GrpoCfg = GrpoCfg()
-    method: Literal["full", "lora", "qlora", "lora-8bit"] = "lora"
-    lora: LoraCfg = LoraCfg()
-    backend: Literal["auto", "hf", "unsloth"] = "auto"
-    train: TrainCfg = TrainCfg()
-    output: OutputCfg
 
-    @field_validator("method", "objective", mode="before")
+    @field_validator("method", "objective", mode="before", check_fields=False)
     @classmethod
     def _lower(cls, v: Any) -> Any:
         return v.lower() if isinstance(v, str) else v
+
+
+# The objectives and their sections come from the registry (objectives/), the one list of them.
+TrainConfig = create_model(
+    "TrainConfig", __base__=_Config, __module__=__name__,
+    objective=(Literal[tuple(objectives.REGISTRY)], "sft"),
+    **{name: (u.section, u.section()) for name, u in objectives.REGISTRY.items() if u.section},
+    method=(Literal["full", "lora", "qlora", "lora-8bit"], "lora"),
+    lora=(LoraCfg, LoraCfg()),
+    backend=(Literal["auto", "hf", "unsloth"], "auto"),
+    train=(TrainCfg, TrainCfg()),
+    output=(OutputCfg, ...),
+)
 
 
 def _parse_value(raw: str) -> Any:

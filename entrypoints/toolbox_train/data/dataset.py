@@ -12,7 +12,7 @@ from typing import Any, Callable
 from toolbox_train.contract import UserError, first_line
 from toolbox_train.guards import special_file
 from toolbox_train.data import pref_rows
-from toolbox_train.config.objectives import DATA_FORMAT
+from toolbox_train import objectives
 from toolbox_train.data.rowcheck import Locate, check_rows, detect_format, missing_columns, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -187,11 +187,12 @@ Check = Callable[[Any, str, Locate, str], None]
 def data_format(cfg, have: str | None = None, field: str = "data.format") -> str:
     """The format the objective reads: SFT's are detected (`auto`) or named; each preference
     objective reads one of TRL's types, which `data.format` (or a source's) may name but not contradict."""
-    want = DATA_FORMAT.get(cfg.objective)
+    formats = objectives.data_formats()
+    want = formats.get(cfg.objective)
     have = cfg.data.format if have is None else have
     if want is None and have in pref_rows.FORMATS:
         raise UserError(f"{field}: {have} is data for "
-                        f"{'/'.join(k for k, v in DATA_FORMAT.items() if v == have)}, not objective sft")
+                        f"{'/'.join(k for k, v in formats.items() if v == have)}, not objective sft")
     if want is not None and have not in ("auto", want):
         raise UserError(f"{field}: objective {cfg.objective} trains on {want} rows "
                         f"({pref_rows.HINT[want]}), not {have}")

@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 import re
 
+from toolbox_train import objectives
 from toolbox_train.contract import UserError
+from toolbox_train.objectives.unit import HEADS
 from toolbox_train.models.arithmetic import LORA_ALL_LINEAR, expert_targets, moe_experts
 
 # Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
@@ -40,16 +42,17 @@ def peft_config(p):
     c = p.cfg.lora
     experts = lora_target_parameters(p)
     return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
-                      bias="none", task_type="CAUSAL_LM", **({"target_parameters": experts} if experts else {}))
+                      bias="none", task_type=HEADS[objectives.of(p.cfg).head][1], **({"target_parameters": experts} if experts else {}))
 
 
 def meta_model(p):
     """The run's model, built from its config on the meta device (no memory, no weights read)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    auto = HEADS[objectives.of(p.cfg).head][0]  # the objective's model class (a score head's labels do not matter here)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
+        return getattr(transformers, auto).from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
 
 
 def adapter_shapes(p, built=None) -> dict[str, list[int]]:

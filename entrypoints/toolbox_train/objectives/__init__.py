@@ -1,33 +1,48 @@
-"""The training objectives, one TRL trainer each: SFT, DPO, ORPO, KTO and GRPO.
+"""The training objectives, one unit each (a folder): SFT, DPO, ORPO, KTO, GRPO and the reward model.
 
-As TRL lays out its own, each objective is a `<name>_config.py` (the run's config and what the
-checks resolved, mapped onto TRL's config of that trainer) and a `<name>_trainer.py` (TRL's
-trainer with the Toolbox additions of training/trainer.py). preference.py holds what the four
-preference objectives share, logprob.py the CPU stand-in for TRL's fused LM head. The objective's
-train.yaml section is in config/objectives.py; its checks before loading in planning/.
+Each unit is `<name>/`: its `__init__.py` declares it (an `Objective`: its train.yaml section, the
+rows it trains on, its reference model; no TRL), `config.py` maps the run onto TRL's config of its
+trainer and `trainer.py` is TRL's trainer with the Toolbox additions (training/trainer.py). This
+module is the registry, the one list of objectives: the schema (`objective:` and the sections),
+the checks, the memory planner and model loading read it.
 
-Importing this package imports no TRL: `build` imports the objective's trainer module, after
-Unsloth when it is used, so that its patched trainers are the ones taken.
+Importing this package imports no TRL: `build` imports the objective's trainer module when a run
+builds its trainer, after Unsloth when it is used, so that its patched trainers are the ones taken.
 """
 
 from __future__ import annotations
 
-from toolbox_train.config.objectives import REFERENCE_TEXT, reference
+import importlib
 
-OBJECTIVES = ("sft", "dpo", "orpo", "kto", "grpo")
+from toolbox_train.objectives import dpo, grpo, kto, orpo, reward, sft
+from toolbox_train.objectives.unit import REFERENCE_TEXT, Objective
+
+REGISTRY: dict[str, Objective] = {u.UNIT.name: u.UNIT for u in (sft, dpo, orpo, kto, grpo, reward)}
+
+
+def of(cfg) -> Objective:
+    """The unit of the config's objective."""
+    return REGISTRY[getattr(cfg, "objective", "sft")]
+
+
+def reference(cfg) -> str:
+    """The reference model the objective trains against: 'none', 'adapter' or 'copy' (objectives.unit)."""
+    return of(cfg).reference(cfg)
+
+
+def data_formats() -> dict[str, str]:
+    """{objective: the TRL dataset type it trains on}, for the objectives that name one."""
+    return {n: u.data_format for n, u in REGISTRY.items() if u.data_format}
 
 
 def section(cfg) -> dict:
-    """The config section of the objective in use (config.resolved.yaml shows it alone)."""
-    return getattr(cfg, cfg.objective).model_dump(mode="json")
+    """The config section of the objective in use (config.resolved.yaml shows it alone); {} for none."""
+    return getattr(cfg, cfg.objective).model_dump(mode="json") if of(cfg).section else {}
 
 
 def describe(cfg) -> str:
     """The banner line: the objective, its parameters and the reference model."""
-    s = section(cfg)
-    if cfg.objective == "grpo":
-        s["rewards"] = "+".join(r["function"] if r["weight"] == 1 else f"{r['weight']}*{r['function']}"
-                                for r in s["rewards"])
+    s = of(cfg).describe(section(cfg))
     parts = ", ".join(f"{k} {'+'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in s.items()
                       if v is not None)  # loss_type [sigmoid, sft] -> sigmoid+sft, loss_weights -> 1.0+0.5
     return f"objective {cfg.objective} ({parts}); {REFERENCE_TEXT[reference(cfg)]}"
@@ -35,18 +50,7 @@ def describe(cfg) -> str:
 
 def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt: str = "text", rewards=None):
     """The objective's trainer, ready to train. `fmt`: the data format (SFT's loss masking follows it);
-    `rewards`: GRPO's (functions, weights) from planning.rewards.check."""
-    name = p.cfg.objective
-    if name == "sft":
-        from toolbox_train.objectives import sft_trainer as module
-    elif name == "dpo":
-        from toolbox_train.objectives import dpo_trainer as module
-    elif name == "orpo":
-        from toolbox_train.objectives import orpo_trainer as module
-    elif name == "kto":
-        from toolbox_train.objectives import kto_trainer as module
-    elif name == "grpo":
-        from toolbox_train.objectives import grpo_trainer as module
-    else:
-        raise ValueError(f"objective {name!r}: not one of {OBJECTIVES}")
+    `rewards`: GRPO's (functions, weights) from planning.rewards.check. The trainer module is imported by
+    name here, not above: the registry stays below the trainers' layer (docs/architecture.md)."""
+    module = importlib.import_module(REGISTRY[p.cfg.objective].trainer_module)
     return module.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=fmt, rewards=rewards)

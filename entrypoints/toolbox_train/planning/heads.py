@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import math
 
+from toolbox_train import objectives
 from toolbox_train.contract import UserError
 
 LIGER_MIN_CHUNK_ROWS = 512  # measured faster at 512 and 1,024 rows, slower at 128; 256 not measured
@@ -59,7 +60,7 @@ def pick(cfg, text_config, liger: bool) -> tuple[str, str]:
     k = cfg.train.lm_head_kernel
     if k != "auto":
         return k, "train.lm_head_kernel"
-    if not liger or cfg.objective != "sft" or cfg.output.step_metrics != "loss":
+    if not liger or not objectives.of(cfg).token_loss or cfg.output.step_metrics != "loss":
         return "trl", "Liger off" if not liger else f"objective {cfg.objective}, step_metrics {cfg.output.step_metrics}"
     if cfg.method != "full":
         return "liger", "the head is frozen: no weight gradient, one head GEMM fewer"

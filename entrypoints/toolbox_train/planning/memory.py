@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from toolbox_train.models.arithmetic import GiB, Estimate, Setting, Shape, estimate, parse_size
-from toolbox_train.config.objectives import reference
+from toolbox_train import objectives
 
 SAFETY = 0.85  # plan to use at most 85% of the device: the planner is calibrated to about +-15%
 
@@ -234,18 +234,17 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
-    objective = getattr(cfg, "objective", "sft")
-    # DPO/ORPO run chosen and rejected in one batch. KTO runs each row and a mismatched (KL) one, but
-    # TRL 1.15 scores the KL rows under no_grad (kto_trainer.py): only its own rows keep activations
-    rows = 2 if objective in ("dpo", "orpo") else 1
-    # GRPO's loss reads each prompt with its completion (max_seq_length bounds the prompt alone)
-    seq = cfg.data.max_seq_length + (cfg.grpo.max_completion_length if objective == "grpo" else 0)
+    unit = objectives.of(cfg)
+    # the sequences of one example in a forward (DPO/ORPO: chosen and rejected in one batch)
+    rows = unit.rows
+    # the tokens the loss reads a sequence: GRPO's each prompt with its completion (max_seq_length bounds the prompt)
+    seq = cfg.data.max_seq_length + unit.extra_tokens(cfg)
     # TRL's DPO/KTO score tokens with its fused head (chunked, no logits); its ORPOTrainer reads the model's
     # bf16 logits of both sequences (Unsloth's forward on its backend does not build them)
-    head = "full" if not gpu else "logits" if objective == "orpo" and backend != "unsloth" else "chunked"
+    head = "full" if not gpu else "logits" if unit.logits and backend != "unsloth" else "chunked"
     st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
                  batch=t.per_device_batch_size * rows, seq=seq,
-                 reference_copy=objective != "sft" and reference(cfg) == "copy", precision=precision,
+                 reference_copy=objectives.reference(cfg) == "copy", precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
                  head=head, unified_memory=unified, lora_params=lora_params)  # TRL's fused head is a GPU kernel; on CPU the model's loss
@@ -255,7 +254,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
         b, _, batch_reason = decide_batch(shape, dataclasses.replace(st, batch=1), device_bytes, per_dev)
         st = dataclasses.replace(st, batch=b)
     sampler = ""
-    if objective == "grpo":
+    if unit.samples:  # GRPO: the sampler's KV cache
         from toolbox_train.planning.generation import with_sampler
 
         st, sampler = with_sampler(cfg, st, shape, backend, gpu, world_size)

@@ -22,6 +22,7 @@ from toolbox_train.runs.folder import RESOLVED_CONFIG
 from toolbox_train.contract import UserError
 from toolbox_train.guards import cannot_make, unwritable
 from toolbox_train.planning import heads
+from toolbox_train import objectives
 from toolbox_train.config.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 
 # Files `launch` writes into the output folder before finetune starts.
@@ -138,7 +139,10 @@ def trl_problem(cfg: TrainConfig) -> None:
 def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, machine=None) -> str:
     # Planning for another machine (`machine`): the toolbox image there has Unsloth, whatever is installed here.
     have_unsloth = machine is not None or importlib.util.find_spec("unsloth") is not None
+    unit = objectives.of(cfg)
     if cfg.backend == "unsloth":
+        if not unit.unsloth:
+            raise UserError(f"backend: unsloth does not train objective {cfg.objective}; use backend: hf or auto")
         if fsdp:
             raise UserError("backend: unsloth does not support FSDP; use `--strategy ddp` or backend: hf")
         if not gpu or not have_unsloth:
@@ -146,12 +150,9 @@ def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, machine=None) -> str:
                             f"(unsloth installed: {have_unsloth}, GPU: {gpu}); use backend: hf or auto")
         return "unsloth"
     if cfg.backend == "auto":
-        if cfg.objective == "dpo":
-            # Measured (issue 24, H200, llama-1b shape, TRL 1.15): DPOTrainer + PEFT 13.1 pairs/s,
-            # the same under Unsloth 2026.10.9 8.9 pairs/s: auto takes the faster path.
-            return "hf"
-        if cfg.objective == "grpo" and cfg.grpo.generation == "vllm-colocate":
-            return "hf"  # TRL's colocate mode; Unsloth's GRPO wants its own fast_inference engine
+        picked = unit.auto_backend(cfg) if unit.unsloth else "hf"  # the objective's own pick (objectives/<name>/)
+        if picked:
+            return picked
         return "unsloth" if (gpu and have_unsloth and not fsdp) else "hf"
     return "hf"
 
@@ -263,7 +264,8 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         if why:
             raise UserError(why)
     grad_accum = batch_plan(cfg, world)
-    if cfg.objective != "sft":
+    unit = objectives.of(cfg)
+    if unit.needs_trl:
         trl_problem(cfg)
     fsdp = using_fsdp() if fsdp is None else fsdp
     gpu = True if machine is not None else gpu_available() if gpu is None else gpu
@@ -312,8 +314,8 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
         # The benchmark: Liger cut peak memory 2.3x and raised tokens/s on the HF path (GPU only).
         # The preference trainers score tokens with TRL's own fused head, which replaces Liger's.
         have = machine.liger if machine is not None else importlib.util.find_spec("liger_kernel") is not None
-        liger = backend == "hf" and gpu and cfg.objective == "sft" and have
-    elif liger and cfg.objective != "sft":
+        liger = backend == "hf" and gpu and unit.token_loss and have
+    elif liger and not unit.token_loss:
         raise UserError(f"train.liger: only with objective sft (objective {cfg.objective} scores tokens with "
                         "TRL's fused LM head)")
     elif liger:
@@ -323,7 +325,7 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
             raise UserError("train.liger: true needs the liger-kernel package and a GPU")
     heads.check(cfg, liger)
     aux, router = cfg.train.router_aux_loss_coef, hasattr(tc, "output_router_logits")
-    if aux != "auto" and (cfg.objective != "sft" or (aux and not router)):
+    if aux != "auto" and (not unit.token_loss or (aux and not router)):
         raise UserError(f"train.router_aux_loss_coef: {aux}: only for objective sft on a mixture-of-experts model "
                         f"(objective {cfg.objective}; {model_path} has {'a' if router else 'no'} router)")
     tracking.check(cfg.output)  # each tracker's package, before anything is written

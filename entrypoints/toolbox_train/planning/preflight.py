@@ -11,6 +11,7 @@ from toolbox_train.planning import rewards
 from toolbox_train.data.dataset import Locate, load_datasets
 from toolbox_train.contract import UserError, first_line
 from toolbox_train.planning.plan import Plan, log
+from toolbox_train import objectives
 from toolbox_train.data.rowcheck import NAMED, refuse
 
 
@@ -139,7 +140,7 @@ def validate(p: Plan):
     except UserError as exc:
         raise UserError(p.locate(str(exc))) from None
 
-    masks = p.cfg.objective == "sft" and p.cfg.data.train_on == "responses"
+    masks = objectives.of(p.cfg).token_loss and p.cfg.data.train_on == "responses"
     template: list = []  # assistant_template's, once there are chat rows
 
     def check(ds, fmt: str, locate: Locate, field: str) -> None:

@@ -65,16 +65,53 @@ def _module(name: str, base: Path, field: str):
         raise UserError(f"{field}: importing {name!r} failed: {first_line(exc)}") from None
 
 
-def resolve(cfg, base: Path) -> tuple[list[Callable], list[float]]:
-    """(reward functions, weights) of `grpo.rewards`; UserError naming the entry otherwise."""
+def label(i: int, r) -> str:
+    """The entry as messages name it: `grpo.rewards.0.function format`, `grpo.rewards.1.model PATH`."""
+    return f"grpo.rewards.{i}.function {r.function}" if r.function else f"grpo.rewards.{i}.model {r.model}"
+
+
+def reward_model(path: str, base: Path, field: str) -> str:
+    """The folder of a reward model entry, checked before anything loads: a sequence-classification
+    model with one label (what TRL's GRPOTrainer loads from a path: AutoModelForSequenceClassification,
+    num_labels=1). A LoRA run of objective reward is an adapter: its merged model is the folder to give."""
+    import json
+
+    folder = Path(path).expanduser()
+    folder = (folder if folder.is_absolute() else base / folder).resolve()
+    if not folder.is_dir():
+        raise UserError(f"{field}: {folder}: no such folder (a reward model's folder: a run of objective reward)")
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        adapter = (folder / "adapter_config.json").is_file()
+        raise UserError(f"{field}: {folder}: no config.json" + (
+            " (a LoRA adapter: give its merged model, output.save: merged or both)" if adapter else
+            " (not a model folder)"))
+    try:
+        mc = json.loads(cfg.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{field}: {cfg}: not readable as JSON ({first_line(exc)})") from None
+    arch = [a for a in mc.get("architectures") or [] if a.endswith("ForSequenceClassification")]
+    labels = len(mc["id2label"]) if isinstance(mc.get("id2label"), dict) else mc.get("num_labels", 2)
+    if not arch or labels != 1:
+        raise UserError(f"{field}: {folder}: not a reward model (architectures {mc.get('architectures')}, "
+                        f"{labels} labels; expected a *ForSequenceClassification with one label, as a run of "
+                        "objective reward saves)")
+    return str(folder)
+
+
+def resolve(cfg, base: Path) -> tuple[list[Callable | str], list[float]]:
+    """(reward functions, weights) of `grpo.rewards`, a reward model as its checked folder (TRL loads it);
+    UserError naming the entry otherwise."""
     rewards = cfg.grpo.rewards
     if not rewards:
         raise UserError("grpo.rewards: objective grpo needs at least one reward function "
-                        "(format, length, or module:function)")
+                        "(format, length, or module:function) or reward model")
     funcs = []
     for i, r in enumerate(rewards):
         field = f"grpo.rewards.{i}.function"
-        if r.function == "format":
+        if r.model is not None:
+            funcs.append(reward_model(r.model, base, f"grpo.rewards.{i}.model"))
+        elif r.function == "format":
             funcs.append(format_reward(r.pattern))
         elif r.function == "length":
             funcs.append(length_penalty(r.max_chars))
@@ -131,6 +168,8 @@ def trial(cfg, funcs, ds, tok, field: str) -> None:
     how = (f"(called before the model loads on {len(rows)} rows of {field}, each prompt's own text standing in "
            "for its completion)")
     for i, (r, fn) in enumerate(zip(cfg.grpo.rewards, funcs)):
+        if isinstance(fn, str):
+            continue  # a reward model: its folder is checked; TRL loads and runs it
         name = f"grpo.rewards.{i}.function: {r.function}"
         try:
             out = fn(prompts=prompts, completions=completions, **kw)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolbox_train import objectives
 from toolbox_train.models.arithmetic import LORA_ALL_LINEAR
+from toolbox_train.objectives.unit import HEADS
 from toolbox_train.planning.plan import Dist, Plan, using_fsdp
 from toolbox_train.models.lora import VISION_PARTS, peft_config
 
@@ -20,7 +22,8 @@ def torch_dtype(p: Plan):
 
 def load_hf(p: Plan, dist: Dist):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import transformers
+    from transformers import AutoTokenizer
 
     kw: dict[str, Any] = dict(revision=p.cfg.model.revision, trust_remote_code=p.cfg.model.trust_remote_code,
                               dtype=torch_dtype(p))
@@ -37,7 +40,8 @@ def load_hf(p: Plan, dist: Dist):
             if p.cfg.method == "qlora" else BitsAndBytesConfig(load_in_8bit=True))
     tok = AutoTokenizer.from_pretrained(p.model_path, revision=p.cfg.model.revision,
                                         trust_remote_code=p.cfg.model.trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(p.model_path, **kw)
+    auto, _, head_kw = HEADS[objectives.of(p.cfg).head]  # the objective's model class (objectives/<name>/)
+    model = getattr(transformers, auto).from_pretrained(p.model_path, **kw, **head_kw)
     if p.multimodal:
         # Text data never reaches the vision tower: freeze it so DDP needs no unused-parameter search.
         for name, prm in model.named_parameters():

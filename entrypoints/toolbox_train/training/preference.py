@@ -37,7 +37,7 @@ class PairedTokens:
 
 def trainer(p, base, args, model, tok, peft_cfg, train_ds, eval_ds, callbacks, mixins=(), **more):
     """TRL's trainer class `base` with the Toolbox additions (and `mixins`), built and ready to train."""
-    from toolbox_train.objectives import logprob
+    from toolbox_train.training import logprob
     from toolbox_train.training.trainer import Toolbox
 
     if not p.gpu:

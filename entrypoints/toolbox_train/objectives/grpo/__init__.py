@@ -1,5 +1,6 @@
-"""The train.yaml sections of the preference objectives (`objective: dpo|orpo|kto|grpo`), one per
-objective, mapped onto TRL's DPOConfig / ORPOConfig / KTOConfig / GRPOConfig by objectives/<name>_config.py."""
+"""GRPO (`objective: grpo`): completions sampled per prompt, scored by reward functions (or reward
+models), the group's advantages trained on (TRL's GRPOTrainer). Its section's rewards are resolved
+and tried before the model loads (planning/rewards.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# What each objective trains on (TRL's dataset types), and the `data.format` that names it.
-DATA_FORMAT = {"dpo": "preference", "orpo": "preference", "kto": "unpaired", "grpo": "prompt"}
-# TRL 1.15's DPO loss types (DPOConfig.loss_type); several may be combined with loss_weights.
-DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
-              "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft")
+from toolbox_train.objectives.unit import Objective, policy_reference
+
 BUILTIN_REWARDS = ("format", "length")
 # TRL 1.15's GRPO loss types (GRPOConfig.loss_type; its default dapo)
 GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -24,33 +22,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class DpoCfg(_Strict):
-    beta: float = Field(0.1, gt=0, description="strength of the pull towards the reference model")
-    loss_type: Literal[DPO_LOSSES] | list[Literal[DPO_LOSSES]] = "sigmoid"  # type: ignore[valid-type]
-    loss_weights: list[float] | None = Field(None, description="one weight per loss_type when there are several")
-    label_smoothing: float = Field(0.0, ge=0.0, le=0.5, description="cDPO / robust: assumed label noise")
-
-    @model_validator(mode="after")
-    def _weights(self):
-        n = len(self.loss_type) if isinstance(self.loss_type, list) else 1
-        if self.loss_weights is not None and len(self.loss_weights) != n:
-            raise ValueError(f"loss_weights has {len(self.loss_weights)} values for {n} loss_type(s)")
-        return self
-
-
-class OrpoCfg(_Strict):
-    beta: float = Field(0.1, gt=0, description="lambda of the ORPO paper: weight of the odds-ratio term")
-
-
-class KtoCfg(_Strict):
-    beta: float = Field(0.1, gt=0)
-    desirable_weight: float = Field(1.0, gt=0, description="weight of rows labelled true")
-    undesirable_weight: float = Field(1.0, gt=0, description="weight of rows labelled false")
-
-
 class RewardCfg(_Strict):
-    function: str = Field(description="format, length, or module:function (a module.py beside the config, "
-                                      "or an installed module)")
+    function: str | None = Field(None, description="format, length, or module:function (a module.py beside the "
+                                 "config, or an installed module)")
+    model: str | None = Field(None, description="or a reward model: a folder of a sequence-classification model with "
+                              "one label (a run of objective: reward), its score of prompt + completion")
     weight: float = 1.0
     pattern: str | None = Field(None, description="format: a regex the completion must contain (re.search)")
     max_chars: int | None = Field(None, gt=0, description="length: completions longer than this are penalized")
@@ -68,6 +44,12 @@ class RewardCfg(_Strict):
     @model_validator(mode="after")
     def _shape(self):
         f = self.function
+        if (f is None) == (self.model is None):
+            raise ValueError("give function or model (one of them)")
+        if self.model is not None:
+            if self.pattern is not None or self.max_chars is not None:
+                raise ValueError("pattern belongs to the format reward, max_chars to the length reward")
+            return self
         if f == "format" and self.pattern is None:
             raise ValueError("the format reward needs `pattern`")
         if f == "length" and self.max_chars is None:
@@ -127,14 +109,20 @@ class GrpoCfg(_Strict):
         return self
 
 
-def reference(cfg) -> str:
-    """The reference model the objective trains against: 'none' (ORPO; GRPO with beta 0),
-    'adapter' (LoRA/QLoRA: the base with the adapter disabled, no second copy in memory) or
-    'copy' (full fine-tuning: a frozen copy of the starting model, which the memory plan counts)."""
-    if cfg.objective in ("sft", "orpo") or (cfg.objective == "grpo" and cfg.grpo.beta == 0):
-        return "none"
-    return "copy" if cfg.method == "full" else "adapter"
+def _reference(cfg) -> str:
+    return "none" if cfg.grpo.beta == 0 else policy_reference(cfg)
 
 
-REFERENCE_TEXT = {"none": "no reference model", "adapter": "reference: the base with the adapter disabled",
-                  "copy": "reference: a frozen copy of the model"}
+def _describe(s: dict) -> dict:
+    s["rewards"] = "+".join(r["function"] or r["model"] if r["weight"] == 1 else
+                            f"{r['weight']}*{r['function'] or r['model']}" for r in s["rewards"])
+    return s
+
+
+UNIT = Objective("grpo", "completions sampled per prompt and scored by rewards; the group's advantages",
+                 section=GrpoCfg, data_format="prompt", reference=_reference, describe=_describe,
+                 metrics=("reward", "reward_std"), samples=True,
+                 # its loss reads each prompt with its completion (max_seq_length bounds the prompt alone)
+                 extra_tokens=lambda cfg: cfg.grpo.max_completion_length,
+                 # TRL's colocate mode; Unsloth's GRPO wants its own fast_inference engine
+                 auto_backend=lambda cfg: "hf" if cfg.grpo.generation == "vllm-colocate" else None)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import functools
 import inspect
 
-from toolbox_train.objectives import preference
-from toolbox_train.objectives.grpo_config import grpo_args
+from toolbox_train.training import preference
+from toolbox_train.objectives.grpo.config import grpo_args
+from toolbox_train.planning.rewards import label as reward_label
 
 
 class RewardRaised(Exception):
@@ -51,13 +52,13 @@ class FiniteRewards:
         try:
             rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         except RewardRaised as e:
-            fn = self.toolbox_plan.cfg.grpo.rewards[e.index].function
-            raise self.stopped(f"grpo.rewards.{e.index}.function {fn} raised {type(e.exc).__name__}: "
+            fn = reward_label(e.index, self.toolbox_plan.cfg.grpo.rewards[e.index])
+            raise self.stopped(f"{fn} raised {type(e.exc).__name__}: "
                                f"{first_line(e.exc, 200)} at step {step}", "fix the function, then resume") from None
         bad = ~torch.isfinite(rewards)
         if bad.any():
             entries = self.toolbox_plan.cfg.grpo.rewards
-            named = "; ".join(f"grpo.rewards.{i}.function {entries[i].function}: {int(bad[:, i].sum())} of "
+            named = "; ".join(f"{reward_label(i, entries[i])}: {int(bad[:, i].sum())} of "
                               f"{len(bad)} completions" for i in bad.any(0).nonzero().flatten().tolist())
             raise self.stopped(f"a reward function returned NaN/inf or None at step {step} "
                                f"({named})", "every completion needs a finite number from every reward function")
@@ -89,4 +90,5 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=None,
     funcs, weights = rewards or (None, None)
     return preference.trainer(p, GRPOTrainer, grpo_args(p, dist, weights), model, tok, peft_cfg, train_ds, eval_ds,
                               callbacks, mixins=(FiniteRewards, CompiledSampler),
-                              reward_funcs=[guarded(i, f) for i, f in enumerate(funcs or ())])
+                              reward_funcs=[f if isinstance(f, str) else guarded(i, f)  # a reward model's folder: TRL loads it
+                                            for i, f in enumerate(funcs or ())])

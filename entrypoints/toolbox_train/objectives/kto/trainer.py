@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from toolbox_train.objectives import preference
-from toolbox_train.objectives.kto_config import kto_args
+from toolbox_train.training import preference
+from toolbox_train.objectives.kto.config import kto_args
 
 
 def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=None, rewards=None):

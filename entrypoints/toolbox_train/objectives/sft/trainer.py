@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trl import SFTTrainer
 
-from toolbox_train.objectives import sft_config
+from toolbox_train.objectives.sft import config as sft_config
 from toolbox_train.training import trainer as core
 from toolbox_train.training.step_metrics import DeferredStepMetrics
 

@@ -1,0 +1,64 @@
+"""What an objective declares (its unit's `__init__.py`), read by the schema, the checks, the memory
+planner, model loading and the docs: its train.yaml section, the rows it trains on, its reference
+model, what it shares with SFT's token loss. No TRL, torch or transformers here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict
+
+REFERENCE_TEXT = {"none": "no reference model", "adapter": "reference: the base with the adapter disabled",
+                  "copy": "reference: a frozen copy of the model"}
+
+
+class Section(BaseModel):
+    """An objective's train.yaml section (under its name): unknown keys refused."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# The model class of each head (transformers' auto class, PEFT's task type, what from_pretrained is given).
+HEADS = {"causal-lm": ("AutoModelForCausalLM", "CAUSAL_LM", {}),
+         "sequence-classification": ("AutoModelForSequenceClassification", "SEQ_CLS", {"num_labels": 1})}
+
+
+def no_reference(cfg) -> str:
+    return "none"
+
+
+def policy_reference(cfg) -> str:
+    """'adapter' (LoRA/QLoRA: the base with the adapter disabled, no second copy in memory) or
+    'copy' (full fine-tuning: a frozen copy of the starting model, which the memory plan counts)."""
+    return "copy" if cfg.method == "full" else "adapter"
+
+
+def default_backend(cfg) -> str | None:
+    return None  # backend auto's own rule (planning/plan.py: Unsloth where it runs)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One objective (`objective: NAME`): its trainer is `toolbox_train.objectives.NAME.trainer`
+    (`build(...)`), its TRL config `toolbox_train.objectives.NAME.config`."""
+
+    name: str
+    what: str  # one line for the docs and --help: what it trains the model to do
+    section: type[Section] | None = None  # its train.yaml section, under `name`
+    data_format: str | None = None  # the TRL dataset type it trains on (data.format); None: SFT's, detected
+    reference: Callable[[Any], str] = no_reference  # 'none', 'adapter' or 'copy' (REFERENCE_TEXT)
+    rows: int = 1  # sequences per example in one forward (chosen and rejected: 2), for the memory plan
+    needs_trl: bool = True  # needs TRL >= planning.plan.TRL_FOR_OBJECTIVES (SFT runs on older ones)
+    token_loss: bool = False  # SFT's next-token loss: Liger, the LM head kernel, the router aux loss apply
+    logits: bool = False  # reads the model's logits of every token (the memory plan counts them)
+    samples: bool = False  # generates completions while training (the memory plan counts the sampler's KV cache)
+    extra_tokens: Callable[[Any], int] = lambda cfg: 0  # tokens the loss reads beyond data.max_seq_length
+    auto_backend: Callable[[Any], str | None] = default_backend  # backend auto's pick, where it is the objective's
+    unsloth: bool = True  # backend unsloth can run it
+    head: str = "causal-lm"  # the model class (HEADS): causal-lm, or sequence-classification (one label: a score)
+    describe: Callable[[dict], dict] = lambda section: section  # its section as the banner line shows it
+    metrics: tuple[str, ...] = ()  # what its TRL trainer logs that metrics.jsonl and the summary keep (TRL's names)
+
+    @property
+    def trainer_module(self) -> str:
+        return f"toolbox_train.objectives.{self.name}.trainer"
