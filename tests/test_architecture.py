@@ -122,7 +122,7 @@ def test_a_false_module_list_is_found():
     # A module left out, or one that does not exist, in one row: both reported.
     text = DOC.read_text(encoding="utf-8")
     row = next(line for line in text.splitlines() if line.startswith("| `entrypoints/toolbox_train/planning/` |"))
-    for bad in (row.replace("`memory`, ", ""), row.replace("`plan`", "`plan`, `checks`")):
+    for bad in (row.replace("`memory`, ", ""), row.replace("`run`", "`run`, `checks`")):
         assert bad != row
         assert [r.split(" |")[0] for r in wrong_rows(text.replace(row, bad))] == ["| `entrypoints/toolbox_train/planning/`"]
 

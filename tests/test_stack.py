@@ -247,7 +247,7 @@ def test_a_series_patches_verify_refuses_does_not_load(tmp_path):
 def test_one_trl_for_every_stack():
     """The preference objectives are written against one TRL, and every shipped stack pins it
     (issue 24: the gfx1151 stacks moved to the cuda stack's Unsloth 2026.10.9 and TRL 1.15.0)."""
-    from toolbox_train.planning.plan import TRL_FOR_OBJECTIVES
+    from toolbox_train.planning.inputs import TRL_FOR_OBJECTIVES
 
     pins = {name: load_stack(name).model.hf.trl for name in stack_names()}
     assert set(pins.values()) == {TRL_FOR_OBJECTIVES}, pins

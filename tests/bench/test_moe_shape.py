@@ -81,7 +81,7 @@ def test_bare_hf_lora_adapts_what_finetunes_hf_lora_adapts(tmp_path):
            "lora": {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": list(LORA_TARGETS)},
            "output": {"dir": str(tmp_path / "o")}}
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
-    ours = peft_config(finetune.plan(str(tmp_path / "t.yaml")))
+    ours = peft_config(finetune.resolve(str(tmp_path / "t.yaml")))
     counts = [get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), c).get_nb_trainable_parameters()[0]
               for c in (lora_config("tiny-gpt-oss"), ours)]
     assert sorted(lora_config("tiny-gpt-oss").target_parameters) == sorted(ours.target_parameters)

@@ -42,5 +42,5 @@ def test_json_flag_and_bad_export_item(tmp_path, tiny_model):
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout)["steps"] == 2 and len(r.stdout.strip().splitlines()) == 1
     r = _finetune(tmp_path / "bad", tiny_model, **{"output.export": ["gguf:q9"]})
-    assert r.returncode == 2 and "output.export[0]" in r.stderr and "unknown quant type 'q9'" in r.stderr
+    assert r.returncode == 2 and "output.export.0" in r.stderr and "unknown quant type 'q9'" in r.stderr
     assert not (tmp_path / "bad" / "out").exists()

@@ -152,7 +152,7 @@ def test_resume_skips_a_checkpoint_with_any_truncated_file(tmp_path, tiny_model,
         whole = f.read_bytes()
         f.write_bytes(whole[: len(whole) // 2])
         capsys.readouterr()
-        p = finetune.plan(cfg, resume=True)
+        p = finetune.resolve(cfg, resume=True)
         err = capsys.readouterr().err
         assert p.resume_from == cpd / "checkpoint-2", name
         assert f"skipping checkpoint {cpd / 'checkpoint-4'}: {name}" in err or \

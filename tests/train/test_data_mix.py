@@ -114,8 +114,9 @@ def test_a_template_trl_has_a_training_template_for_is_accepted(tmp_path, tiny_m
     shutil.copytree(tiny_model, qwen3)
     shutil.copy(Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja", qwen3 / "chat_template.jinja")
     chat = write_dataset(tmp_path / "chat.jsonl", "messages", n=4)
-    p = finetune.plan(train_config(qwen3, chat, tmp_path / "out"))
-    train, _, fmt = preflight.validate(p)  # TRL swaps in its qwen3 training template: no refusal
+    p = finetune.resolve(train_config(qwen3, chat, tmp_path / "out"))
+    p, train, _ = preflight.validate(p)
+    fmt = p.data_format  # TRL swaps in its qwen3 training template: no refusal
     assert fmt == "messages" and len(train) == 4
 
 

@@ -103,12 +103,12 @@ def test_quantized_methods_refused_on_cpu(tmp_path, tiny_model, method, capsys):
 
 def test_backend_auto_is_hf_here_and_unsloth_refused(tmp_path, tiny_model):
     data = write_dataset(tmp_path / "d.jsonl")
-    p = finetune.plan(train_config(tiny_model, data, tmp_path / "o", backend="auto"))
+    p = finetune.resolve(train_config(tiny_model, data, tmp_path / "o", backend="auto"))
     assert p.backend == "hf" and p.precision == "fp32" and p.liger is False
     with pytest.raises(finetune.UserError, match="backend: unsloth needs the unsloth package and a GPU"):
-        finetune.plan(train_config(tiny_model, data, tmp_path / "o", backend="unsloth"))
+        finetune.resolve(train_config(tiny_model, data, tmp_path / "o", backend="unsloth"))
     with pytest.raises(finetune.UserError, match="train.liger: true needs"):
-        finetune.plan(train_config(tiny_model, data, tmp_path / "o", **{"train.liger": True}))
+        finetune.resolve(train_config(tiny_model, data, tmp_path / "o", **{"train.liger": True}))
 
 
 def test_hub_id_from_the_offline_cache(tmp_path, tiny_model, monkeypatch):
@@ -129,7 +129,7 @@ def test_hub_id_from_the_offline_cache(tmp_path, tiny_model, monkeypatch):
     out, s = _run(tmp_path, "tiny-org/tiny-llama", "text", **{"train.max_steps": 2})
     assert s["steps"] == 2 and (out / "model.safetensors").exists()
     with pytest.raises(finetune.UserError, match="model.path: tiny-org/absent: cannot read the model's config"):
-        finetune.plan(train_config("tiny-org/absent", tmp_path / "text.jsonl", tmp_path / "o2"))
+        finetune.resolve(train_config("tiny-org/absent", tmp_path / "text.jsonl", tmp_path / "o2"))
 
 
 @pytest.mark.parametrize("arch", ["gemma3-mm", "gpt-oss"])

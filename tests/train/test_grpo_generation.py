@@ -14,7 +14,7 @@ from packaging.version import Version
 from helpers import pref
 from helpers.tiny import write_train_config
 from test_objectives_data import NO_OUTPUT, _refused
-from toolbox_train.planning.plan import pick_backend
+from toolbox_train.planning.run import pick_backend
 from toolbox_train.commands import finetune
 from toolbox_train.config.schema import TrainConfig
 from toolbox_train.planning import generation

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_launch_and_the_checks_import_nothing_heavy():
     # launch runs finetune's checks in its own process before any rank starts: importing them
     # must not pull in the trainer, TRL, transformers or torch (seconds, and GPU libraries).
-    code = ("import sys, toolbox_train.commands.launch, toolbox_train.planning.plan, toolbox_train.commands.finetune, toolbox_train.bench; "
+    code = ("import sys, toolbox_train.commands.launch, toolbox_train.planning.run, toolbox_train.commands.finetune, toolbox_train.bench; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'trl', 'peft', "
             "'datasets', 'accelerate') or m in ('toolbox_train.training.trainer', 'toolbox_train.training.loading')))")
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'entrypoints'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -32,7 +32,7 @@ def test_bench_runs_as_a_module():
 def test_planning_imports_nothing_heavy():
     # The memory planner answers `--plan` and launch's checks in a fraction of a second: every
     # planning module, calibration included (its GPU work imports torch when it runs).
-    code = ("import sys, toolbox_train.planning.plan, toolbox_train.models.arithmetic, "
+    code = ("import sys, toolbox_train.planning.run, toolbox_train.models.arithmetic, "
             "toolbox_train.planning.memory, toolbox_train.bench.calibration; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'trl', 'peft', "
             "'datasets', 'accelerate')))")

@@ -148,11 +148,13 @@ def test_dense_config_unchanged(tmp_path):
     """A dense model: no target_parameters in the PEFT config, no note, no resolved key."""
     from types import SimpleNamespace
 
+    from toolbox_train import objectives
     from toolbox_train.models.lora import lora_target_parameters, peft_config
 
     cfg = SimpleNamespace(lora=SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules="all-linear"),
                           method="lora")
-    p = SimpleNamespace(cfg=cfg, multimodal=False, model_config=SimpleNamespace(model_type="llama"))
+    p = SimpleNamespace(cfg=cfg, multimodal=False, model_config=SimpleNamespace(model_type="llama"),
+                        objective=objectives.REGISTRY["sft"])
     assert lora_target_parameters(p) == []
     assert not peft_config(p).target_parameters
 
@@ -190,12 +192,12 @@ def test_merged_export_of_expert_adapters(moe_run, gpt_oss, tmp_path):
 
 def test_resume_check_sees_expert_adapters(moe_run):
     """resume's meta-device PEFT model has the same adapter tensors as the run saved, experts included."""
-    from toolbox_train.planning.plan import plan
+    from toolbox_train.planning.run import resolve
     from toolbox_train.runs import resume
 
     out, _, _ = moe_run
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
-    p = plan({k: v for k, v in resolved.items() if not k.startswith("_")}, check_output=False)
+    p = resolve({k: v for k, v in resolved.items() if not k.startswith("_")}, check_output=False)
     shapes, _ = resume.expected_weights(p)
     with safe_open(str(out / "adapter_model.safetensors"), framework="pt") as f:
         assert shapes == {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -243,14 +245,14 @@ def test_peft_converted_experts_whole_pair_trains_them(qwen3_moe, tmp_path):
 def test_plan_counts_the_adapter_peft_builds_for_converted_experts(qwen3_moe, targets, tmp_path):
     """The memory plan's adapter is the one PEFT builds (experts at rank 2r for gate_up, the router with
     all-linear), not the arithmetic's attention-only count: equal to the trainable parameters of the run."""
-    from toolbox_train.planning import plan as checks
+    from toolbox_train.planning import run as checks
 
     data = bench.write_text_dataset(tmp_path / "d.jsonl", 8, 20, 500)
     cfg = tmp_path / "train.yaml"
     out = tmp_path / "o"
     cfg.write_text(yaml.safe_dump(train_config(qwen3_moe, data, out, **{
         "method": "lora", "lora.r": 4, "train.max_steps": 1, "lora.target_modules": targets})))
-    p = checks.plan(str(cfg))
+    p = checks.resolve(str(cfg))
     st = p.memory.setting
     assert f"PEFT adapts qwen3_moe's experts itself: {st.lora_params:,} adapter parameters" in "\n".join(p.notes)
     arithmetic = p.memory.shape.lora_params(4, targets)

@@ -4,6 +4,7 @@ TRL's DPOTrainer run directly, a stopped run of each resumes exactly, the plan c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -202,9 +203,8 @@ def test_dpo_on_the_unsloth_path_uses_the_adapter_disabled_base(tmp_path, tiny_m
     mod.FastLanguageModel = mod.FastModel = Fast
     monkeypatch.setitem(sys.modules, "unsloth", mod)
     cfg = _cfg(tmp_path, tiny_model, "dpo", "lora", **{"train.max_steps": 2})
-    p = finetune.plan(cfg)
-    p.backend = "unsloth"  # what plan picks with unsloth on a GPU (backend: unsloth)
-    train, _, _ = finetune.preflight.validate(p)
+    p = dataclasses.replace(finetune.resolve(cfg), backend="unsloth")  # what it resolves to with unsloth on a GPU
+    p, train, _ = finetune.preflight.validate(p)
     p.out.mkdir()
     model, tok, peft_cfg = models.load(p, finetune.Dist())
     assert peft_cfg is None and isinstance(model, PeftModel)

@@ -86,7 +86,7 @@ def test_sft_data_for_dpo_and_a_contradicting_format(tmp_path, tiny_model, capsy
     good = pref.write(tmp_path / "p.jsonl", "preference", 4)
     _refused(capsys, tmp_path, tiny_model, good, ["data.format: objective dpo trains on preference rows"],
              objective="dpo", **{"data.format": "alpaca"})
-    _refused(capsys, tmp_path, tiny_model, good, ["data.format: preference is data for dpo/orpo, not objective sft"],
+    _refused(capsys, tmp_path, tiny_model, good, ["data.format: preference is data for dpo/orpo/reward, not objective sft"],
              **{"data.format": "preference"})
 
 
@@ -180,7 +180,7 @@ def test_backend_auto_takes_the_faster_measured_path_for_dpo(monkeypatch):
     import sys
     import types
 
-    from toolbox_train.planning.plan import pick_backend
+    from toolbox_train.planning.run import pick_backend
     from toolbox_train.config.schema import TrainConfig
 
     fake = types.ModuleType("unsloth")

@@ -78,13 +78,13 @@ def test_incomplete_and_corrupt_checkpoints_are_skipped(tmp_path, tiny_model, mo
     (cpd / "checkpoint-9" / "adapter_model.safetensors").write_bytes(b"\x00garbage")
     shutil.copytree(cpd / "checkpoint-4", cpd / ".partial" / "checkpoint-6")
     capsys.readouterr()
-    p = finetune.plan(_cfg(tmp_path, tiny_model, out, "lora"), resume=True)
+    p = finetune.resolve(_cfg(tmp_path, tiny_model, out, "lora"), resume=True)
     err = capsys.readouterr().err
     assert p.resume_from == cpd / "checkpoint-4"
     assert "skipping checkpoint" in err and "checkpoint-9" in err and "corrupt" in err
     assert "incomplete" in err and ".partial" in err
     (cpd / "checkpoint-4" / "trainer_state.json").write_text("{not json")
-    p = finetune.plan(_cfg(tmp_path, tiny_model, out, "lora"), resume=True)
+    p = finetune.resolve(_cfg(tmp_path, tiny_model, out, "lora"), resume=True)
     assert p.resume_from == cpd / "checkpoint-2"
 
 

@@ -303,7 +303,7 @@ def test_moe_router_loss_on_the_sync_free_head_is_trls(tmp_path, monkeypatch, co
     ours = []
     deferred = step_metrics.DeferredStepMetrics.fused_nll_deferred
     monkeypatch.setattr(step_metrics.DeferredStepMetrics, "fused_nll_deferred",
-                        lambda self, *a: ours.append(self.toolbox_plan.cfg.output.step_metrics) or deferred(self, *a))
+                        lambda self, *a: ours.append(self.toolbox_run.cfg.output.step_metrics) or deferred(self, *a))
 
     class Logs(TrainerCallback):
         def __init__(self):

@@ -7,6 +7,7 @@ misspelt or removed argument fails here; the model it returns is the real HF mod
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import sys
 import types
@@ -62,11 +63,10 @@ def fake_unsloth(monkeypatch):
 
 def _plan(tmp_path, model, method):
     data = write_dataset(tmp_path / "d.jsonl")
-    p = finetune.plan(train_config(model, data, tmp_path / "o", method=method,
+    p = finetune.resolve(train_config(model, data, tmp_path / "o", method=method,
                                    **{"lora.r": 4, "train.gradient_checkpointing": True}))
-    p.backend = "unsloth"  # what plan picks on a GPU with unsloth installed
-    p.precision = "bf16"
-    return p
+    # what the run resolves to on a GPU with unsloth installed
+    return dataclasses.replace(p, backend="unsloth", precision="bf16")
 
 
 @pytest.mark.parametrize("arch,loader", [("llama", "FastLanguageModel"), ("qwen3", "FastLanguageModel"),
@@ -90,7 +90,7 @@ def test_lora_calls(tmp_path, tiny_models, fake_unsloth, arch, loader):
 @pytest.mark.parametrize("method,four,eight,full", [("full", False, False, True), ("qlora", True, False, False)])
 def test_full_and_qlora_calls(tmp_path, tiny_model, fake_unsloth, method, four, eight, full):
     p = _plan(tmp_path, tiny_model, "full")
-    p.cfg.method = method
+    p = dataclasses.replace(p, cfg=p.cfg.model_copy(update={"method": method}))
     models.load_unsloth(p, finetune.Dist())
     kw = fake_unsloth[0][2]
     assert (kw["load_in_4bit"], kw["load_in_8bit"], kw["full_finetuning"]) == (four, eight, full)

@@ -1,14 +1,14 @@
 """`finetune --config train.yaml [--set k=v ...] [--resume] [--overwrite]`.
 
-The objective's TRL trainer (SFT, DPO, ORPO, KTO, GRPO) on either backend: Unsloth (where it
+The objective's TRL trainer (each objective of the registry, objectives/) on either backend: Unsloth (where it
 imports and a GPU is present) or plain Hugging Face. Everything that can be wrong with the input is
 checked before the model is loaded (exit 2, nothing written).
 
 The script is thin, as TRL's trl/scripts/sft.py is over its SFTConfig and SFTTrainer:
-  planning/plan.py        the checks and the resolved Plan (what `launch` imports; nothing heavy)
+  planning/run.py         the resolvers and the one frozen ResolvedRun (what `launch` imports; nothing heavy)
   planning/preflight.py   every row through the tokenizer, before anything is written
   training/loading.py     the HF / Unsloth model loaders and the PEFT config
-  objectives/             each objective's `<name>_config.py` (-> TRL's config) and `<name>_trainer.py`
+  objectives/             the registry; each objective's unit `<name>/` (config.py -> TRL's config, trainer.py)
   training/trainer.py     what every objective's trainer shares (atomic checkpoints, LocalSGD, metrics)"""
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from toolbox_train.planning import preflight
 from toolbox_train.contract import Terminated, UserError, command_parser, run_command
 from toolbox_train import disk
 from toolbox_train.disk import atomic_write
-from toolbox_train.planning.plan import FINISHED_ENV, LAUNCH_DIR, RESOLVED_CONFIG, Dist, Plan, log, lora_target_parameters, plan, pre_step_leftovers  # noqa: F401  (re-exported: tests)
+from toolbox_train.planning.inputs import LAUNCH_DIR, pre_step_leftovers
+from toolbox_train.planning.run import FINISHED_ENV, Dist, ResolvedRun, import_backend, log, resolve
 from toolbox_train.planning.memory import MACHINES
-from toolbox_train.models.arithmetic import GiB
+from toolbox_train.runs.folder import RESOLVED_CONFIG
 from toolbox_train.runs import checkpoints
 from toolbox_train.commands import finetune_report as report
 from toolbox_train.config import tracking
@@ -36,8 +37,6 @@ from toolbox_train.config.schema import SOURCE_KEYS
 from toolbox_train import objectives
 from toolbox_train.planning import rewards as grpo_rewards
 from toolbox_train.runs.folder import METRICS, SUMMARY
-
-OBJECTIVE_SECTIONS = {n for n, u in objectives.REGISTRY.items() if u.section}
 
 
 def _trim_metrics(path: Path, upto: int) -> None:
@@ -55,7 +54,7 @@ def _step_of(line: str) -> int | None:
     return step if isinstance(step, int) else None
 
 
-def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
+def prepare_output(p: ResolvedRun, resume: bool, overwrite: bool) -> None:
     """Rank 0, after every check: empty the folder (--overwrite) or clear what a run that never
     reached step 1 left; trim the metrics of a resumed run; write config.resolved.yaml."""
     if p.out.exists():
@@ -70,29 +69,28 @@ def prepare_output(p: Plan, fmt: str, resume: bool, overwrite: bool) -> None:
         log(f"resuming from {p.resume_from}")
     elif resume:
         _trim_metrics(p.out / METRICS, 0)  # starting over: the lines of the lost steps go
-    resolved = p.cfg.model_dump(mode="json")
-    resolved["model"]["path"] = p.model_path
-    # One form of data: a single path's keys, or the sources (which own those keys)
-    for key in (("path", *SOURCE_KEYS) if p.cfg.data.sources else ("sources", "stopping_strategy")):
-        resolved["data"].pop(key)
-    for other in OBJECTIVE_SECTIONS - {p.cfg.objective}:  # the objective's own section is the one used
-        resolved.pop(other)
-    resolved["_resolved"] = {"backend": p.backend, "precision": p.precision, "world_size": p.world_size,
-                             "gradient_accumulation_steps": p.grad_accum, "liger": p.liger,
-                             "lm_head_kernel": p.lm_head_kernel,
-                             "data_format": fmt, "sync": p.sync,
-                             "gradient_checkpointing": p.gradient_checkpointing,
-                             "objective": p.cfg.objective, "reference_model": objectives.reference(p.cfg)}
-    experts = lora_target_parameters(p)
-    if experts:  # GPT-OSS's fused experts: adapted through PEFT's target_parameters (models/lora.py)
-        resolved["_resolved"]["lora_target_parameters"] = experts
+    atomic_write(p.out / RESOLVED_CONFIG, yaml.safe_dump(resolved_document(p), sort_keys=False))
+
+
+def resolved_document(p: ResolvedRun) -> dict:
+    """config.resolved.yaml, from the run: the config in the one form it ran (the objective's own section;
+    a single data path's keys or the sources), then `_resolved`, what the resolvers made of it."""
+    others = {n for n, u in objectives.REGISTRY.items() if u.section} - {p.objective.name}
+    data = ("path", *SOURCE_KEYS) if p.cfg.data.sources else ("sources", "stopping_strategy")
+    doc = p.cfg.model_copy(update={"model": p.cfg.model.model_copy(update={"path": p.model_path})})
+    doc = doc.model_dump(mode="json", exclude={**dict.fromkeys(others, True), "data": set(data)})
+    doc["_resolved"] = {"backend": p.backend, "precision": p.precision, "world_size": p.world_size,
+                        "gradient_accumulation_steps": p.grad_accum, "liger": p.liger,
+                        "lm_head_kernel": p.lm_head_kernel, "data_format": p.data_format, "sync": p.sync,
+                        "gradient_checkpointing": p.gradient_checkpointing,
+                        "objective": p.objective.name, "reference_model": p.reference}
+    if p.cfg.train.per_device_batch_size == "auto":
+        doc["_resolved"]["per_device_batch_size"] = p.batch
+    if p.lora_target_parameters:  # GPT-OSS's fused experts: adapted through PEFT's target_parameters (models/lora.py)
+        doc["_resolved"]["lora_target_parameters"] = list(p.lora_target_parameters)
     if p.memory is not None:
-        est = p.memory.estimate()
-        resolved["_resolved"].update(
-            gradient_checkpointing_reason=p.memory.decision.reason,
-            predicted_peak_gib=round(est.peak_gib, 2),
-            device_memory_gib=round(p.memory.device_bytes / GiB, 2) if p.memory.device_bytes else None)
-    atomic_write(p.out / RESOLVED_CONFIG, yaml.safe_dump(resolved, sort_keys=False))
+        doc["_resolved"].update(p.memory.resolved)
+    return doc
 
 
 def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool = False,
@@ -105,25 +103,26 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         # torchrun restarted the ranks (launch --max-restarts): continue, never start over.
         resume, overwrite = True, False
         log(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from the newest complete checkpoint")
-    p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0,
-             device_memory=device_memory)
-    train_ds, eval_ds, fmt = preflight.validate(p)  # bad data is still bad input: before the model
+    # Unsloth (when the run is on it) imported before transformers, TRL and PEFT: it patches them
+    p = resolve(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0,
+                device_memory=device_memory, on_backend=import_backend)
+    p, train_ds, eval_ds = preflight.validate(p)  # bad data is still bad input: before the model
     rewards = grpo_rewards.check(p, dist.world_size)  # GRPO's reward functions, before the model too
-    exports = report.parse_exports(p.cfg.output.export)
-    if any(a[1] == "gguf" for a in exports):
-        from toolbox_train.export.llamacpp import find_tools
-
-        find_tools(None)  # the tools must be there before hours of training, not after
+    exports = p.cfg.output.export
+    try:
+        report.check_exports(exports)
+    except UserError as exc:
+        raise UserError(p.locate(str(exc))) from None
     for n in p.notes:
         log(n)
-    log(f"backend {p.backend}, method {p.cfg.method}, data {fmt} ({len(train_ds)} rows), "
+    log(f"backend {p.backend}, method {p.cfg.method}, data {p.data_format} ({len(train_ds)} rows), "
         f"precision {p.precision}, world size {p.world_size}, grad accumulation {p.grad_accum}, liger {p.liger}")
-    if objectives.of(p.cfg).section:
-        log(objectives.describe(p.cfg))
+    if p.objective.section:
+        log(p.objective_line)
     if p.memory is not None:
-        log(p.memory.banner())
+        log(p.memory.line)
     if dist.rank == 0:
-        prepare_output(p, fmt, resume, overwrite)
+        prepare_output(p, resume, overwrite)
 
     import transformers
 
@@ -137,9 +136,8 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
 
     summary: dict[str, Any] = {"output_dir": str(p.out)}
     callbacks = [Metrics(p.out / METRICS, summary), *callbacks]
-    trainer = objectives.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt, rewards)
+    trainer = objectives.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, p.data_format, rewards)
     args = trainer.args
-    report.step_lines(trainer)  # per-step lines on stderr; stdout keeps the summary alone
     if args.save_on_each_node:
         # transformers 5.x writes model weights on global rank 0 only, whatever save_on_each_node
         # says; each node's first rank must write them too, or no other node can resume.
@@ -172,9 +170,9 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     return summary
 
 
-def summarize(p: Plan, trainer, summary: dict) -> dict:
+def summarize(p: ResolvedRun, trainer, summary: dict) -> dict:
     """The end-of-run summary (returned, printed by main, summary.json on rank 0)."""
-    from toolbox_train.training.trainer import OBJECTIVE_METRICS, peak_mem_gib, weights_digest
+    from toolbox_train.training.trainer import eval_history, peak_mem_gib, weights_digest
 
     if trainer.accelerator.num_processes > 1 and not trainer.is_fsdp_enabled:
         # Every rank must end with the same weights (DDP, or LocalSGD after its last average).
@@ -189,20 +187,21 @@ def summarize(p: Plan, trainer, summary: dict) -> dict:
             if (p.out / METRICS).exists() else []
         if rows:  # the whole run's, a resumed one included
             summary["first_loss"], summary["last_loss"] = rows[0]["loss"], rows[-1]["loss"]
-            if p.cfg.objective != "sft":  # e.g. DPO's rewards/accuracies, GRPO's mean reward
-                summary["objective"] = {"name": p.cfg.objective, **{
-                    k: {"first": rows[0][k], "last": rows[-1][k]} for k in OBJECTIVE_METRICS if k in rows[-1]}}
+            if p.objective.metrics:  # e.g. DPO's rewards/accuracies, GRPO's mean reward
+                summary["objective"] = {"name": p.objective.name, **{
+                    k: {"first": rows[0][k], "last": rows[-1][k]} for k in p.objective.metrics if k in rows[-1]}}
     summary.setdefault("first_loss", None)
     summary.setdefault("last_loss", None)
     if trainer.is_world_process_zero():
-        evals = report.eval_history(trainer)
+        from toolbox_train.export import card  # the model card (README.md) beside the run's adapter or model
+
+        evals = eval_history(trainer)
         summary["eval_loss"] = evals[-1]["eval_loss"] if evals else None
+        atomic_write(p.out / SUMMARY, json.dumps(summary, indent=2) + "\n")  # what the card reads
+        card.write_run_cards(p.out, p.cfg.method, p.cfg.output.save)
         summary["model_location"] = report.model_location(p.out, p.cfg.method, p.cfg.output.save)
         summary["loss_png"] = report.loss_plot(p.out, rows, evals)
         atomic_write(p.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
-        from toolbox_train.export import card  # the model card (README.md) beside the run's adapter or model
-
-        card.write_run_cards(p.out, p.cfg.method, p.cfg.output.save)
     return summary
 
 
@@ -218,8 +217,8 @@ def show_plan(config, overrides: Sequence[str], device_memory: str | None, world
         tgt = machine_for(machine, device_memory)
     except ValueError as exc:
         raise UserError(f"--device-memory: {exc}") from None
-    p = plan(config, overrides, check_output=False, import_backend=False, device_memory=device_memory,
-             refuse=False, world_size=world_size, fsdp=fsdp, machine=tgt)
+    p = resolve(config, overrides, check_output=False, device_memory=device_memory, refuse=False,
+                world_size=world_size, fsdp=fsdp, machine=tgt)
     if p.notes:
         print("\n".join(p.notes))
     if p.memory is None:

@@ -1,5 +1,5 @@
-"""The end of a finetune run as a person reads it: per-step lines on stderr (not transformers'
-dicts on stdout), a short summary, loss.png beside metrics.jsonl, and `output.export` run last."""
+"""The end of a finetune run as a person reads it: a short summary, loss.png beside metrics.jsonl, and
+`output.export` run last (the per-step lines on stderr are the trainer's: training/progress.py)."""
 
 from __future__ import annotations
 
@@ -10,42 +10,6 @@ from pathlib import Path
 
 from toolbox_train.disk import atomic_write
 from toolbox_train.runs.folder import METRICS, SUMMARY, human_size
-
-
-def _fmt_logs(state, logs: dict) -> str:
-    parts = [f"step {state.global_step}/{state.max_steps}"]
-    for k, label, fmt in (("loss", "loss", ".4f"), ("eval_loss", "eval loss", ".4f"),
-                          ("grad_norm", "grad norm", ".3g"), ("learning_rate", "lr", ".3g")):
-        if isinstance(logs.get(k), (int, float)):
-            parts.append(f"{label} {logs[k]:{fmt}}")
-    return "finetune: " + "  ".join(parts)
-
-
-def step_lines(trainer) -> None:
-    """Replace transformers' per-step dict printing (stdout) with one line per log on stderr."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    class StepProgress(ProgressCallback):
-        def on_log(self, args, state, control, logs=None, **kw):
-            if state.is_world_process_zero and logs and self.training_bar is not None:
-                self.training_bar.write(_fmt_logs(state, logs), file=sys.stderr)
-            elif state.is_world_process_zero and logs:
-                print(_fmt_logs(state, logs), file=sys.stderr, flush=True)
-
-    class StepPrinter(PrinterCallback):
-        def on_log(self, args, state, control, logs=None, **kw):
-            if state.is_world_process_zero and logs:
-                print(_fmt_logs(state, logs), file=sys.stderr, flush=True)
-
-    if trainer.pop_callback(ProgressCallback) is not None:
-        trainer.add_callback(StepProgress)
-    if trainer.pop_callback(PrinterCallback) is not None:
-        trainer.add_callback(StepPrinter)
-
-
-def eval_history(trainer) -> list[dict]:
-    return [{"step": h["step"], "eval_loss": float(h["eval_loss"])}
-            for h in trainer.state.log_history if "eval_loss" in h]
 
 
 def loss_plot(out: Path, rows: list[dict], evals: list[dict]) -> str | None:
@@ -110,35 +74,30 @@ def human(s: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_exports(specs: list[str]) -> list[list[str]]:
-    """`output.export` items -> export argument lists: `merged`, `gguf` or `gguf:q8_0,q4_k_m`
-    (`+ollama` appended adds the Modelfile). Raises UserError on a bad item."""
+def check_exports(exports) -> None:
+    """`output.export` (config.schema.ExportCfg items), before training: the GGUF types export-model
+    takes, and llama.cpp's tools there (not found after hours of training)."""
     from toolbox_train.contract import UserError
-    from toolbox_train.export.llamacpp import parse_quants
+    from toolbox_train.export.llamacpp import find_tools, parse_quants
 
-    out = []
-    for i, spec in enumerate(specs):
-        body, _, flag = spec.partition("+")
-        to, _, quants = body.partition(":")
-        if to not in ("merged", "gguf") or flag not in ("", "ollama") or (to == "merged" and (quants or flag)):
-            raise UserError(f"output.export[{i}]: {spec!r}: expected merged, gguf, gguf:TYPES or gguf:TYPES+ollama")
-        argv = ["--to", to]
-        if to == "gguf":
+    for i, e in enumerate(exports):
+        if e.to == "gguf" and e.quants:
             try:
-                argv += ["--quant", ",".join(parse_quants(quants or "f16"))]
+                parse_quants(",".join(e.quants))
             except UserError as exc:
-                raise UserError(f"output.export[{i}]: {exc}") from None
-            if flag:
-                argv.append("--ollama")
-        out.append(argv)
-    return out
+                raise UserError(f"output.export.{i}: {exc}") from None
+    if any(e.to == "gguf" for e in exports):
+        find_tools(None)
 
 
-def run_exports(out: Path, specs: list[list[str]]) -> list[dict]:
+def run_exports(out: Path, exports) -> list[dict]:
+    """Each `output.export` item through export-model, typed (no command line in between)."""
     from toolbox_train.export import model as export_model
 
     done = []
-    for argv in specs:
-        print(f"finetune: output.export: export-model --run {out} {' '.join(argv)}", file=sys.stderr, flush=True)
-        done.append(export_model.run(["--run", str(out), "--overwrite", *argv]))
+    for e in exports:
+        quant = ",".join(e.quants) or None
+        say = f"--to {e.to}" + (f" --quant {quant}" if quant else "") + (" --ollama" if e.ollama else "")
+        print(f"finetune: output.export: export-model --run {out} {say}", file=sys.stderr, flush=True)
+        done.append(export_model.export(export_model.Request(str(out), e.to, quant, e.ollama, overwrite=True)))
     return done

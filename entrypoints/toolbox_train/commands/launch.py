@@ -25,7 +25,8 @@ from toolbox_train.planning import preflight
 from toolbox_train.config import rdma
 from toolbox_train.contract import Terminated, ToolError, UserError, command_parser, renamed, run_command
 from toolbox_train.disk import atomic_write
-from toolbox_train.planning.plan import FINISHED, FINISHED_ENV, LAUNCH_DIR, plan
+from toolbox_train.planning.inputs import LAUNCH_DIR
+from toolbox_train.planning.run import FINISHED, FINISHED_ENV, resolve as resolve_run
 from toolbox_train.config.sync import ENV as SYNC_ENV, parse_sync
 
 HERE = Path(__file__).resolve().parents[1]  # the toolbox_train package: accelerate/ is its data
@@ -165,9 +166,9 @@ def resolve(argv: list[str]) -> dict[str, Any]:
                                            fsdp=args.strategy == "fsdp"))
     # Everything the ranks would refuse, refused here first: before any process starts. The GPU
     # is left alone here (each rank plans against its own free memory) unless --device-memory.
-    p = plan(ft.config, ft.set, resume=ft.resume, overwrite=ft.overwrite, world_size=world,
-             fsdp=args.strategy == "fsdp", gpu=not cpu, import_backend=False, sync_mode=sync,
-             device_memory=ft.device_memory, probe_device=False)
+    p = resolve_run(ft.config, ft.set, resume=ft.resume, overwrite=ft.overwrite, world_size=world,
+                    fsdp=args.strategy == "fsdp", gpu=not cpu, sync_mode=sync, device_memory=ft.device_memory,
+                    probe_device=False)
     preflight.validate(p)  # every dataset row, the chat template, the lengths: before any rank starts
     if args.strategy == "fsdp" and cpu and not args.dry_run:
         raise UserError("--strategy fsdp needs GPUs (accelerate refuses FSDP on CPU); use --strategy ddp --cpu")
@@ -213,7 +214,7 @@ def resolve(argv: list[str]) -> dict[str, Any]:
     acc_path = launch_dir / f"accelerate.node{args.node_rank}.yaml"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc_path),
                "--max_restarts", str(args.max_restarts), "-m", "toolbox_train.commands.finetune", *cmd[1:]]
-    return {"args": args, "plan": p, "finetune_args": ft, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,
+    return {"args": args, "run": p, "finetune_args": ft, "accelerate": acc, "acc_path": acc_path, "launch_dir": launch_dir,
             "env": env, "reasons": reasons, "command": command, "world": world, "nproc": nproc, "cpu": cpu}
 
 
@@ -226,7 +227,7 @@ def _launch(argv: list[str]) -> int:
         r = resolve(argv)
     except _ShowPlan as shown:
         return shown.code
-    a, p = r["args"], r["plan"]
+    a, p = r["args"], r["run"]
     settings = {
         "launcher": a.launcher, "strategy": a.strategy, "device": "cpu (gloo)" if r["cpu"] else "gpu (nccl/rccl)",
         "world_size": r["world"], "nproc_per_node": r["nproc"], "nnodes": a.nnodes, "node_rank": a.node_rank,

@@ -159,7 +159,7 @@ def check_nodes(ray, r: dict, nodes_wanted: int, per_node: int, gpu: bool) -> No
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     fit = _fitting_nodes(ray, per_node, gpu)
-    p = r["plan"]
+    p = r["run"]
     nonce = secrets.token_hex(8)
     # In the output folder, or where it will be made: nothing is left there after the check.
     where = next(d for d in (p.out, *p.out.parents) if d.is_dir())
@@ -195,7 +195,7 @@ def _inputs(r: dict) -> list[Path]:
     """The files every worker reads: the config, the local model folder and data files."""
     from toolbox_train.data.dataset import resolve_local
 
-    p = r["plan"]
+    p = r["run"]
     found = [Path(r["finetune_args"].config).resolve()]
     if Path(p.model_path).exists():
         found.append(Path(p.model_path).resolve())
@@ -272,7 +272,7 @@ def train(r: dict[str, Any], argv: list[str]) -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    a, p, ft = r["args"], r["plan"], r["finetune_args"]
+    a, p, ft = r["args"], r["run"], r["finetune_args"]
     host, port = split_address(a.address)
     gpu = not r["cpu"]
     env = {**accelerate_env(r["acc_path"]), SYNC_ENV: r["env"][SYNC_ENV],

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from toolbox_train.contract import UserError
 from toolbox_train.guards import path_problem, special_file
@@ -19,7 +19,8 @@ from toolbox_train.config.tracking import MlflowCfg, Tracker, TrackioCfg, WandbC
 
 class _Strict(BaseModel):
     # allow_inf_nan: an infinite learning rate or epoch count parses, and trains NaN or for ever.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # frozen: the parsed config stays as written; what is resolved from it is the run's (planning/run.py)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, frozen=True)
 
 
 def _openable(v: Any) -> Any:
@@ -205,6 +206,26 @@ class TrainCfg(_Strict):
         return v
 
 
+class ExportCfg(_Strict):
+    """One `output.export` item, written `merged`, `gguf`, `gguf:q8_0,q4_k_m` or `gguf:q4_k_m+ollama`
+    (the quant types are export-model's, checked before training: commands/finetune.py)."""
+    to: Literal["merged", "gguf"]
+    quants: tuple[str, ...] = ()  # gguf: the types (none written: f16)
+    ollama: bool = False  # gguf: an Ollama Modelfile beside it
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        body, _, flag = v.partition("+")
+        to, _, quants = body.partition(":")
+        if to not in ("merged", "gguf") or flag not in ("", "ollama") or (to == "merged" and (quants or flag)):
+            raise ValueError(f"{v!r}: expected merged, gguf, gguf:TYPES or gguf:TYPES+ollama")
+        return {"to": to, "quants": tuple(q.strip().lower() for q in quants.split(",") if q.strip()),
+                "ollama": bool(flag)}
+
+
 class OutputCfg(_Strict):
     dir: str
     save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: none")
@@ -228,8 +249,8 @@ class OutputCfg(_Strict):
     wandb: WandbCfg = WandbCfg()
     trackio: TrackioCfg = TrackioCfg()
     progress_bar: bool = True
-    export: list[str] = Field(default_factory=list, description="run `export-model` at the end: merged, gguf, "
-                              "gguf:q8_0,q4_k_m, gguf:q4_k_m+ollama")
+    export: list[ExportCfg] = Field(default_factory=list, description="run `export-model` at the end: merged, "
+                                    "gguf, gguf:q8_0,q4_k_m, gguf:q4_k_m+ollama")
 
     _dir = field_validator("dir")(_openable)
 

@@ -33,7 +33,7 @@ Tracker = Literal["tensorboard", "mlflow", "wandb", "trackio"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
 
 
 class MlflowCfg(_Strict):

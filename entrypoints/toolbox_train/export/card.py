@@ -126,7 +126,7 @@ def card_text(resolved: dict, summary: dict, output: str, files: list[str] = ())
         lines += [f"- LoRA: r {lora.get('r')}, alpha {lora.get('alpha')}, dropout {lora.get('dropout')}, target "
                   f"modules {', '.join(targets) if isinstance(targets, list) else targets}"]
     world, accum = r.get("world_size", 1), r.get("gradient_accumulation_steps", train.get("gradient_accumulation_steps"))
-    per_dev = train.get("per_device_batch_size")
+    per_dev = r.get("per_device_batch_size", train.get("per_device_batch_size"))  # `auto`: the resolved batch
     hp = [("learning rate", train.get("learning_rate")), ("scheduler", train.get("lr_scheduler")),
           ("warmup", train.get("warmup_ratio") or train.get("warmup_steps")),
           *([("max steps", train["max_steps"])] if (train.get("max_steps") or -1) > 0 else [("epochs", train.get("epochs"))]),

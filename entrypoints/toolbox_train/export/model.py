@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,11 +257,30 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@dataclass(frozen=True)
+class Request:
+    """What to export (the command line's flags, or finetune's `output.export` items as they are typed)."""
+    run: str
+    to: str
+    quant: str | None = None  # gguf: comma-separated types (None: f16)
+    ollama: bool = False
+    out: str | None = None
+    dtype: str | None = None
+    overwrite: bool = False
+    llama_cpp: str | None = None
+
+
 def run(argv: list[str]) -> dict:
     args = build_parser().parse_args(argv)
-    if args.to == "gguf" and args.quant is None:
-        args.quant = "f16"
-    job = check(args)
+    return export(Request(args.run, args.to, args.quant, args.ollama, args.out, args.dtype, args.overwrite,
+                          args.llama_cpp))
+
+
+def export(req: Request) -> dict:
+    """One export of a finished run: checked (nothing written on bad input), then done."""
+    if req.to == "gguf" and req.quant is None:
+        req = dataclasses.replace(req, quant="f16")
+    job = check(req)
     for n in job.notes:
         say(f"note: {n}")
     say(f"{job.rm.describe()} -> {job.to} in {job.out} (about {human_size(job.estimate)} of disk)")

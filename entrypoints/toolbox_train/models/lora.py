@@ -1,14 +1,13 @@
 """The PEFT LoRA config of a run (which modules get adapters), shared by the HF loader
 (training/loading.py) and the resume check (runs/resume.py); the adapter built on the meta device
 (its shapes, for resume and the memory plan); the checks' part on adapters (check_adapter, called by
-planning/plan.py: target_modules entries that match nothing, MoE experts)."""
+planning/run.py: target_modules entries that match nothing, MoE experts)."""
 
 from __future__ import annotations
 
 import math
 import re
 
-from toolbox_train import objectives
 from toolbox_train.contract import UserError
 from toolbox_train.objectives.unit import HEADS
 from toolbox_train.models.arithmetic import LORA_ALL_LINEAR, expert_targets, moe_experts
@@ -36,13 +35,13 @@ def lora_target_parameters(p) -> list[str]:
 
 
 def peft_config(p):
-    """`p`: the run's planning.plan.Plan."""
+    """`p`: the run (planning.run.ResolvedRun)."""
     from peft import LoraConfig
 
     c = p.cfg.lora
     experts = lora_target_parameters(p)
     return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
-                      bias="none", task_type=HEADS[objectives.of(p.cfg).head][1], **({"target_parameters": experts} if experts else {}))
+                      bias="none", task_type=HEADS[p.objective.head][1], **({"target_parameters": experts} if experts else {}))
 
 
 def meta_model(p):
@@ -50,7 +49,7 @@ def meta_model(p):
     import torch
     import transformers
 
-    auto = HEADS[objectives.of(p.cfg).head][0]  # the objective's model class (a score head's labels do not matter here)
+    auto = HEADS[p.objective.head][0]  # the objective's model class (a score head's labels do not matter here)
     with torch.device("meta"):
         return getattr(transformers, auto).from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
 
@@ -96,8 +95,9 @@ def unmatched_targets(p, built) -> list[str]:
     return [t for t in p.cfg.lora.target_modules if not hit(t)]
 
 
-def check_adapter(p) -> None:
-    """The checks' part on MoE adapters (`p`: the Plan being built; LoRA methods only). GPT-OSS: the expert
+def check_adapter(p) -> tuple[int | None, list[str]]:
+    """The checks' part on MoE adapters (`p`: the run being resolved; LoRA methods only): (the adapter's size
+    where PEFT built it, else None; notes). GPT-OSS: the expert
     parameters the HF path adds (lora_target_parameters), which take no dropout in PEFT. The families PEFT
     converts itself (Qwen2/3-MoE, Mixtral, OLMoE, ...; transformers 5 fused their experts into 3-D parameters):
     PEFT adapts the experts (gate_up_proj at rank 2r, with all-linear the router too) and refuses some target
@@ -107,20 +107,21 @@ def check_adapter(p) -> None:
     model, dense ones too, each entry of a named target_modules list must adapt something in that build
     (unmatched_targets): PEFT itself refuses only a list of which nothing matches, after the weights loaded."""
     cfg, mc = p.cfg, p.model_config
+    notes: list[str] = []
     experts = lora_target_parameters(p)
     if experts:
         if cfg.lora.dropout and p.backend == "hf":  # peft's ParamWrapper raises on it (Unsloth's path: not checked)
             raise UserError(f"lora.dropout: {cfg.lora.dropout}: PEFT's adapters on {mc.model_type}'s fused experts "
                             f"({', '.join(experts)}) take no dropout; set it to 0, or leave gate_proj/up_proj/"
                             "down_proj out of lora.target_modules")
-        p.notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
+        notes.append(f"lora: target_modules {cfg.lora.target_modules}, and on the fused experts target_parameters "
                        f"{', '.join(experts)} (one rank-{cfg.lora.r} adapter per expert)")
     converted = not experts and p.backend == "hf" and bool(moe_experts(mc))
     # Every entry must adapt something (all-linear always does); GPT-OSS's experts with dropout on Unsloth's path
     # are left to Unsloth (PEFT would refuse the dropout here, which the hf path refused above).
     named = cfg.lora.target_modules != "all-linear" and not (experts and cfg.lora.dropout)
     if not (converted or named):
-        return
+        return None, notes
     from peft import get_peft_model
     from peft.utils import NoMatchingPeftModuleError
 
@@ -140,8 +141,9 @@ def check_adapter(p) -> None:
         raise UserError(f"lora.target_modules: {', '.join(unmatched)} match{'es' if len(unmatched) == 1 else ''} "
                         f"no module of {mc.model_type} (its modules: {', '.join(names)}{experts_too}; or all-linear)")
     if not converted:
-        return
+        return None, notes
     shapes = adapter_shapes(p, built)
-    p.lora_params = sum(math.prod(shape) for shape in shapes.values())
-    p.notes.append(f"lora: PEFT adapts {mc.model_type}'s experts itself: {p.lora_params:,} adapter parameters "
-                   "(built on the meta device), counted in the memory plan")
+    size = sum(math.prod(shape) for shape in shapes.values())
+    notes.append(f"lora: PEFT adapts {mc.model_type}'s experts itself: {size:,} adapter parameters "
+                 "(built on the meta device), counted in the memory plan")
+    return size, notes

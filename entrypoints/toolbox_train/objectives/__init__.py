@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 
 from toolbox_train.objectives import dpo, grpo, kto, orpo, reward, sft
-from toolbox_train.objectives.unit import REFERENCE_TEXT, Objective
+from toolbox_train.objectives.unit import Objective
 
 REGISTRY: dict[str, Objective] = {u.UNIT.name: u.UNIT for u in (sft, dpo, orpo, kto, grpo, reward)}
 
@@ -25,32 +25,14 @@ def of(cfg) -> Objective:
     return REGISTRY[getattr(cfg, "objective", "sft")]
 
 
-def reference(cfg) -> str:
-    """The reference model the objective trains against: 'none', 'adapter' or 'copy' (objectives.unit)."""
-    return of(cfg).reference(cfg)
-
-
 def data_formats() -> dict[str, str]:
     """{objective: the TRL dataset type it trains on}, for the objectives that name one."""
     return {n: u.data_format for n, u in REGISTRY.items() if u.data_format}
-
-
-def section(cfg) -> dict:
-    """The config section of the objective in use (config.resolved.yaml shows it alone); {} for none."""
-    return getattr(cfg, cfg.objective).model_dump(mode="json") if of(cfg).section else {}
-
-
-def describe(cfg) -> str:
-    """The banner line: the objective, its parameters and the reference model."""
-    s = of(cfg).describe(section(cfg))
-    parts = ", ".join(f"{k} {'+'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in s.items()
-                      if v is not None)  # loss_type [sigmoid, sft] -> sigmoid+sft, loss_weights -> 1.0+0.5
-    return f"objective {cfg.objective} ({parts}); {REFERENCE_TEXT[reference(cfg)]}"
 
 
 def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt: str = "text", rewards=None):
     """The objective's trainer, ready to train. `fmt`: the data format (SFT's loss masking follows it);
     `rewards`: GRPO's (functions, weights) from planning.rewards.check. The trainer module is imported by
     name here, not above: the registry stays below the trainers' layer (docs/architecture.md)."""
-    module = importlib.import_module(REGISTRY[p.cfg.objective].trainer_module)
+    module = importlib.import_module(f"{__name__}.{p.objective.name}.trainer")
     return module.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=fmt, rewards=rewards)

@@ -15,7 +15,7 @@ REFERENCE_TEXT = {"none": "no reference model", "adapter": "reference: the base 
 
 class Section(BaseModel):
     """An objective's train.yaml section (under its name): unknown keys refused."""
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
 
 
 # The model class of each head (transformers' auto class, PEFT's task type, what from_pretrained is given).
@@ -34,13 +34,13 @@ def policy_reference(cfg) -> str:
 
 
 def default_backend(cfg) -> str | None:
-    return None  # backend auto's own rule (planning/plan.py: Unsloth where it runs)
+    return None  # backend auto's own rule (planning/run.py: Unsloth where it runs)
 
 
 @dataclass(frozen=True)
 class Objective:
     """One objective (`objective: NAME`): its trainer is `toolbox_train.objectives.NAME.trainer`
-    (`build(...)`), its TRL config `toolbox_train.objectives.NAME.config`."""
+    (`build(...)`, which objectives.build imports by name), its TRL config `toolbox_train.objectives.NAME.config`."""
 
     name: str
     what: str  # one line for the docs and --help: what it trains the model to do
@@ -48,7 +48,7 @@ class Objective:
     data_format: str | None = None  # the TRL dataset type it trains on (data.format); None: SFT's, detected
     reference: Callable[[Any], str] = no_reference  # 'none', 'adapter' or 'copy' (REFERENCE_TEXT)
     rows: int = 1  # sequences per example in one forward (chosen and rejected: 2), for the memory plan
-    needs_trl: bool = True  # needs TRL >= planning.plan.TRL_FOR_OBJECTIVES (SFT runs on older ones)
+    needs_trl: bool = True  # needs TRL >= planning.inputs.TRL_FOR_OBJECTIVES (SFT runs on older ones)
     token_loss: bool = False  # SFT's next-token loss: Liger, the LM head kernel, the router aux loss apply
     logits: bool = False  # reads the model's logits of every token (the memory plan counts them)
     samples: bool = False  # generates completions while training (the memory plan counts the sampler's KV cache)
@@ -58,7 +58,3 @@ class Objective:
     head: str = "causal-lm"  # the model class (HEADS): causal-lm, or sequence-classification (one label: a score)
     describe: Callable[[dict], dict] = lambda section: section  # its section as the banner line shows it
     metrics: tuple[str, ...] = ()  # what its TRL trainer logs that metrics.jsonl and the summary keep (TRL's names)
-
-    @property
-    def trainer_module(self) -> str:
-        return f"toolbox_train.objectives.{self.name}.trainer"

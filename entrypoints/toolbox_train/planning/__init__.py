@@ -1,8 +1,11 @@
-"""Checking and planning a run before any weight is loaded: nothing here imports torch, TRL or
-transformers at import time (launch runs the checks in its own process before any rank starts);
-preflight and the model-config check import transformers inside their functions.
+"""Resolving a run before any weight is loaded (one frozen ResolvedRun, every check passed): nothing
+here imports torch, TRL or transformers at import time (launch resolves the run in its own process
+before any rank starts); preflight and the model-config check import transformers inside their functions.
 
-  plan         the input checks and the resolved Plan (config, data, model folder, distributed env)
+  run          the resolvers and the one frozen ResolvedRun they make (backend, precision, memory and batch,
+               LM head, resume, objective, outputs)
+  inputs       the inputs that need more than the file: output folder, model folder and weights, TRL
+  heads        the LM head SFT's loss runs on (train.lm_head_kernel)
   memory       the memory plan: what fits, `gradient_checkpointing: auto`, refusals, the `--plan` table
   preflight    every row through the tokenizer (chat templates, completion lengths)
   rewards      GRPO's reward functions: resolved and tried on a few rows; GRPO's checks

@@ -55,16 +55,24 @@ def check(cfg, liger: bool) -> None:
                         f"{bool(liger)}, step_metrics {cfg.output.step_metrics}")
 
 
-def pick(cfg, text_config, liger: bool) -> tuple[str, str]:
-    """(`trl` or `liger`, why) for `train.lm_head_kernel` after the batch is resolved."""
+def resolve(cfg, text_config, liger: bool, batch: int, token_loss: bool) -> tuple[str, str]:
+    """The run's LM head (planning/run.py): `check`, then `pick` with the resolved per-device batch."""
+    check(cfg, liger)
+    return pick(cfg, text_config, liger, batch, token_loss)
+
+
+def pick(cfg, text_config, liger: bool, batch: int | None = None, token_loss: bool | None = None) -> tuple[str, str]:
+    """(`trl` or `liger`, why) for `train.lm_head_kernel`, with the per-device batch (None: the config's)
+    and whether the objective trains on the token loss (None: the config's objective's)."""
     k = cfg.train.lm_head_kernel
     if k != "auto":
         return k, "train.lm_head_kernel"
-    if not liger or not objectives.of(cfg).token_loss or cfg.output.step_metrics != "loss":
+    token_loss = objectives.of(cfg).token_loss if token_loss is None else token_loss
+    if not liger or not token_loss or cfg.output.step_metrics != "loss":
         return "trl", "Liger off" if not liger else f"objective {cfg.objective}, step_metrics {cfg.output.step_metrics}"
     if cfg.method != "full":
         return "liger", "the head is frozen: no weight gradient, one head GEMM fewer"
-    batch = cfg.train.per_device_batch_size
+    batch = cfg.train.per_device_batch_size if batch is None else batch
     try:
         hidden, vocab = int(text_config.hidden_size), int(text_config.vocab_size)
     except (AttributeError, TypeError, ValueError):

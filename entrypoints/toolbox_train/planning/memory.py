@@ -174,7 +174,7 @@ def machine_for(name: str | None, device_memory: str | None) -> Machine | None:
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryPlan:
     shape: Shape
     setting: Setting  # what will run (checkpointing resolved)
@@ -183,14 +183,20 @@ class MemoryPlan:
     table: str
     batch_reason: str = ""  # per_device_batch_size: auto
     sampler: str = ""  # GRPO: the sampler grpo.generation resolves to, and why
+    line: str = ""  # the banner line (made with the plan: summarized)
+    resolved: dict = field(default_factory=dict)  # what config.resolved.yaml's `_resolved` says of it
 
     def estimate(self) -> Estimate:
         return estimate(self.shape, self.setting)
 
     def banner(self) -> str:
+        return self.line
+
+    def summarized(self) -> "MemoryPlan":
+        """The plan with its banner line and config.resolved.yaml's part, from one estimate."""
         e = self.estimate()
         ref = e.parts.get("reference_model")
-        return (f"memory plan: predicted peak {e.peak_gib:.1f} GiB per device"
+        line = (f"memory plan: predicted peak {e.peak_gib:.1f} GiB per device"
                 + (f" of {self.device_bytes / GiB:.1f} GiB" if self.device_bytes else "")
                 + (f" (with the frozen reference copy, {ref / GiB:.2f} GiB)" if ref else "")
                 + f"; gradient checkpointing {self.decision.gradient_checkpointing} ({self.decision.reason})"
@@ -198,6 +204,9 @@ class MemoryPlan:
                 + (f", its KV cache {e.parts['sampler_kv_cache'] / GiB:.2f} GiB"
                    f"{' (static: held through the step)' if self.setting.sampler_kv_resident else ''}"
                    if e.parts.get("sampler_kv_cache") else ""))
+        return dataclasses.replace(self, line=line, resolved={
+            "gradient_checkpointing_reason": self.decision.reason, "predicted_peak_gib": round(e.peak_gib, 2),
+            "device_memory_gib": round(self.device_bytes / GiB, 2) if self.device_bytes else None})
 
 
 def device_memory(override: str | None = None, local_rank: int = 0) -> float | None:
@@ -228,13 +237,16 @@ def unified_memory(local_rank: int = 0) -> bool:
 
 def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
                   precision: str = "bf16", device_bytes: float | None = None, gpu: bool = True,
-                  unified: bool = False, lora_params: int | None = None) -> MemoryPlan:
+                  unified: bool = False, lora_params: int | None = None, unit=None, reference: str | None = None,
+                  ) -> MemoryPlan:
     """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`. `lora_params`: the
-    adapter's size where PEFT built it (planning/plan.py), in place of the arithmetic's count."""
+    adapter's size where PEFT built it (planning/run.py), in place of the arithmetic's count; `unit` and
+    `reference`: the run's objective and reference model (planning/run.py), else read from `cfg`."""
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
-    unit = objectives.of(cfg)
+    unit = unit or objectives.of(cfg)
+    reference = reference or unit.reference(cfg)
     # the sequences of one example in a forward (DPO/ORPO: chosen and rejected in one batch)
     rows = unit.rows
     # the tokens the loss reads a sequence: GRPO's each prompt with its completion (max_seq_length bounds the prompt)
@@ -244,7 +256,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     head = "full" if not gpu else "logits" if unit.logits and backend != "unsloth" else "chunked"
     st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
                  batch=t.per_device_batch_size * rows, seq=seq,
-                 reference_copy=objectives.reference(cfg) == "copy", precision=precision,
+                 reference_copy=reference == "copy", precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
                  head=head, unified_memory=unified, lora_params=lora_params)  # TRL's fused head is a GPU kernel; on CPU the model's loss
@@ -269,7 +281,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     if device_bytes and estimate(shape, final).peak > device_bytes:  # what would fit instead
         rows += [a for a in alternatives(shape, final, device_bytes) if a.setting not in [r.setting for r in rows]]
     return MemoryPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final), batch_reason,
-                      sampler)
+                      sampler).summarized()
 
 
 def refusal(p: MemoryPlan) -> str | None:

@@ -4,18 +4,18 @@ truncation at data.max_seq_length would cut (TRL drops them; all of them is bad 
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import islice
 
 from toolbox_train.data import pref_rows
 from toolbox_train.planning import rewards
 from toolbox_train.data.dataset import Locate, load_datasets
 from toolbox_train.contract import UserError, first_line
-from toolbox_train.planning.plan import Plan, log
-from toolbox_train import objectives
+from toolbox_train.planning.run import ResolvedRun, log
 from toolbox_train.data.rowcheck import NAMED, refuse
 
 
-def load_tokenizer(p: Plan):
+def load_tokenizer(p: ResolvedRun):
     from transformers import AutoTokenizer
 
     try:
@@ -32,7 +32,7 @@ def _rows(ds, column: str):
         yield from batch[column]
 
 
-def assistant_template(p: Plan, tok) -> str | None:
+def assistant_template(p: ResolvedRun, tok) -> str | None:
     """data.train_on: responses on chat rows: the template TRL's SFTTrainer masks the assistant turns with
     (None: the model's own, which has {% generation %} markers; else TRL's training template for it),
     or a refusal where there is none (TRL would raise once the model had loaded)."""
@@ -130,8 +130,9 @@ def check_completion_lengths(tok, ds, locate: Locate, field: str, max_len: int) 
     log(f"warning: {field}: {msg}; they are left out")
 
 
-def validate(p: Plan):
-    """Every dataset row against the format, then the tokenizer's checks: (train, eval, format).
+def validate(p: ResolvedRun):
+    """Every dataset row against the format, then the tokenizer's checks: (the run with its data format,
+    train, eval).
 
     Runs before anything is written (finetune) or any rank starts (launch).
     """
@@ -140,7 +141,7 @@ def validate(p: Plan):
     except UserError as exc:
         raise UserError(p.locate(str(exc))) from None
 
-    masks = objectives.of(p.cfg).token_loss and p.cfg.data.train_on == "responses"
+    masks = p.objective.token_loss and p.cfg.data.train_on == "responses"
     template: list = []  # assistant_template's, once there are chat rows
 
     def check(ds, fmt: str, locate: Locate, field: str) -> None:
@@ -157,7 +158,7 @@ def validate(p: Plan):
         loaded = load_datasets(p.cfg, p.base, check=check)
     except UserError as exc:  # data.path / data.eval_path / data.format: where the config says so
         raise UserError(p.locate(str(exc))) from None
-    train, evald, _ = loaded
+    train, evald, fmt = loaded
     sets = [(train, "data.path")] + ([(evald, "data.eval_path")] if p.cfg.data.eval_path else [])
     rewards.check(p, p.world_size, tok, sets)  # GRPO's reward functions resolve and run: launch checks them too
-    return loaded
+    return dataclasses.replace(p, data_format=fmt), train, evald

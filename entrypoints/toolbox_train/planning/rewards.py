@@ -195,7 +195,7 @@ def check(p, world_size: int, tok=None, sets=()) -> tuple[list, list[float]] | N
     if why:
         raise UserError(p.locate(why))
     g, spg = cfg.grpo.num_generations, cfg.grpo.steps_per_generation
-    batch = cfg.train.per_device_batch_size * (spg or p.grad_accum) * world_size  # TRL's generation batch
+    batch = p.batch * (spg or p.grad_accum) * world_size  # TRL's generation batch
     if batch % g:
         steps = "grpo.steps_per_generation" if spg else "accumulation"
         raise UserError(p.locate(f"grpo.num_generations: {g} completions per prompt must divide the global "

@@ -1,16 +1,17 @@
 """The TrainingArguments every objective shares (SFT's and the preference objectives'): a
-TrainConfig and what the checks resolved (the Plan) mapped onto transformers' names. Each
-objective's `<name>_config.py` adds its own on top."""
+resolved run (planning.run.ResolvedRun) mapped onto transformers' names; `trl_config` makes an
+objective's TRL config of them, the sequence length and its own section (objectives/<name>/config.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from toolbox_train.config.tracking import training_args as tracking_args
-from toolbox_train.planning.plan import Dist, Plan, using_fsdp
+from toolbox_train.planning.run import Dist, ResolvedRun, using_fsdp
 
 
-def common_args(p: Plan, dist: Dist) -> dict:
+def common_args(p: ResolvedRun, dist: Dist) -> dict:
     """The TrainingArguments every objective shares (SFT's and the preference trainers')."""
     c, t, o = p.cfg, p.cfg.train, p.cfg.output
     gc = p.gradient_checkpointing  # resolved by the memory plan
@@ -21,8 +22,8 @@ def common_args(p: Plan, dist: Dist) -> dict:
     has_eval = c.data.has_eval()
     return dict(
         output_dir=str(p.out / "checkpoints"),
-        per_device_train_batch_size=t.per_device_batch_size,
-        per_device_eval_batch_size=t.per_device_batch_size,
+        per_device_train_batch_size=p.batch,  # train.per_device_batch_size, `auto` resolved
+        per_device_eval_batch_size=p.batch,
         gradient_accumulation_steps=p.grad_accum,
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler,
@@ -61,3 +62,11 @@ def common_args(p: Plan, dist: Dist) -> dict:
         save_on_each_node=dist.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", dist.world_size)),
         restore_callback_states_from_checkpoint=False,
     )
+
+
+def trl_config(cls, p, dist, **section):
+    """`cls` (TRL's DPOConfig, ...) from the shared arguments, the sequence length and the
+    objective's own section; arguments this TRL's config does not have are left out."""
+    kw = {**common_args(p, dist), "max_length": p.cfg.data.max_seq_length, **section}
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in kw.items() if k in fields})

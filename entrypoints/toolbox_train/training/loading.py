@@ -7,20 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolbox_train import objectives
 from toolbox_train.models.arithmetic import LORA_ALL_LINEAR
 from toolbox_train.objectives.unit import HEADS
-from toolbox_train.planning.plan import Dist, Plan, using_fsdp
+from toolbox_train.planning.run import Dist, ResolvedRun, using_fsdp
 from toolbox_train.models.lora import VISION_PARTS, peft_config
 
 
-def torch_dtype(p: Plan):
+def torch_dtype(p: ResolvedRun):
     import torch
 
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[p.precision]
 
 
-def load_hf(p: Plan, dist: Dist):
+def load_hf(p: ResolvedRun, dist: Dist):
     import torch
     import transformers
     from transformers import AutoTokenizer
@@ -40,7 +39,7 @@ def load_hf(p: Plan, dist: Dist):
             if p.cfg.method == "qlora" else BitsAndBytesConfig(load_in_8bit=True))
     tok = AutoTokenizer.from_pretrained(p.model_path, revision=p.cfg.model.revision,
                                         trust_remote_code=p.cfg.model.trust_remote_code)
-    auto, _, head_kw = HEADS[objectives.of(p.cfg).head]  # the objective's model class (objectives/<name>/)
+    auto, _, head_kw = HEADS[p.objective.head]  # the objective's model class (objectives/<name>/)
     model = getattr(transformers, auto).from_pretrained(p.model_path, **kw, **head_kw)
     if p.multimodal:
         # Text data never reaches the vision tower: freeze it so DDP needs no unused-parameter search.
@@ -50,7 +49,7 @@ def load_hf(p: Plan, dist: Dist):
     return model, tok, (peft_config(p) if p.cfg.method != "full" else None)
 
 
-def load_unsloth(p: Plan, dist: Dist):
+def load_unsloth(p: ResolvedRun, dist: Dist):
     from unsloth import FastLanguageModel, FastModel
 
     # FastModel handles Gemma 3 (and its multimodal wrapper); FastLanguageModel the text-only families.
@@ -86,5 +85,5 @@ def load_unsloth(p: Plan, dist: Dist):
     return model, tok, None
 
 
-def load(p: Plan, dist: Dist):
+def load(p: ResolvedRun, dist: Dist):
     return load_unsloth(p, dist) if p.backend == "unsloth" else load_hf(p, dist)

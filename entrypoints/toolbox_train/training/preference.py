@@ -1,21 +1,9 @@
-"""What the preference objectives (DPO, ORPO, KTO, GRPO) share on top of TRL's trainers: their TRL
-config from the shared arguments, the token count of paired batches, and the trainer class put
-together with the Toolbox mixin. Each objective's own part is its `<name>_config.py` and
-`<name>_trainer.py`."""
+"""What the preference objectives (DPO, ORPO, KTO, GRPO, the reward model) share on top of TRL's
+trainers: the token count of paired batches, and the trainer class put together with the Toolbox
+mixin (their TRL config from the shared arguments: training/arguments.py's trl_config). Each
+objective's own part is its unit, objectives/<name>/ (config.py, trainer.py)."""
 
 from __future__ import annotations
-
-import dataclasses
-
-
-def trl_config(cls, p, dist, **section):
-    """`cls` (TRL's DPOConfig, ...) from the shared arguments, the sequence length and the
-    objective's own section; arguments this TRL's config does not have are left out."""
-    from toolbox_train.training.arguments import common_args
-
-    kw = {**common_args(p, dist), "max_length": p.cfg.data.max_seq_length, **section}
-    fields = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in kw.items() if k in fields})
 
 
 class PairedTokens:
@@ -44,4 +32,4 @@ def trainer(p, base, args, model, tok, peft_cfg, train_ds, eval_ds, callbacks, m
         logprob.install()  # TRL 1.15's fused LM head is a Triton kernel (logprob.py)
     cls = type(f"Toolbox{base.__name__}", (PairedTokens, Toolbox, *mixins, base), {})
     return cls(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
-               peft_config=peft_cfg, plan=p, callbacks=callbacks, **more)
+               peft_config=peft_cfg, run=p, callbacks=callbacks, **more)

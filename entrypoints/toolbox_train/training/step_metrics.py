@@ -219,14 +219,14 @@ class DeferredStepMetrics:
         self._head_switch = install_head_switch(self.model)
 
     def _deferred(self) -> bool:
-        return self.toolbox_plan.cfg.output.step_metrics in ("deferred", "loss")
+        return self.toolbox_run.cfg.output.step_metrics in ("deferred", "loss")
 
     def _loss_only(self) -> bool:
-        return self.toolbox_plan.cfg.output.step_metrics == "loss"
+        return self.toolbox_run.cfg.output.step_metrics == "loss"
 
     def _liger_head(self) -> bool:
-        """train.lm_head_kernel as the plan resolved it (planning/heads.py): Liger's fused cross-entropy."""
-        return self.toolbox_plan.lm_head_kernel == "liger"
+        """train.lm_head_kernel as the run resolved it (planning/heads.py): Liger's fused cross-entropy."""
+        return self.toolbox_run.lm_head_kernel == "liger"
 
     def _pend(self, **sums) -> None:
         pend = self.__dict__.setdefault("_pending_sums", {})
@@ -291,7 +291,7 @@ class DeferredStepMetrics:
     def _head_owner(self, liger: bool = False):
         owner = self.__dict__.get("_head_switch")
         if not self.__dict__.get("_head_logged"):
-            from toolbox_train.planning.plan import log
+            from toolbox_train.planning.run import log
 
             self._head_logged = True
             head = "Liger's fused linear cross-entropy" if liger else "TRL's fused LM head"
@@ -318,7 +318,7 @@ class DeferredStepMetrics:
         if self.aux_loss_enabled:
             inputs["output_router_logits"] = True  # as TRL's compute_loss (VLM wrappers take it only as an argument)
         loss_only = self._loss_only()
-        all_tokens = self.toolbox_plan.cfg.train.lm_head_tokens == "all"
+        all_tokens = self.toolbox_run.cfg.train.lm_head_tokens == "all"
         liger = loss_only and self._liger_head()
         owner = self._head_owner(liger) if all_tokens or liger else None
         with (loss_only_head() if loss_only else contextlib.nullcontext(),

@@ -1,7 +1,7 @@
 """What every objective's trainer shares: the Toolbox mixin (atomic checkpoints, LocalSGD, the test
-hooks), the metrics callback, the final save. Each objective's `<name>_trainer.py` (objectives/)
+hooks), the metrics callback, the final save. Each objective's trainer (objectives/<name>/trainer.py)
 puts the mixin on TRL's trainer. Imported only once the checks have passed (transformers and torch
-are heavy; Unsloth, when used, must be imported before them, which `plan` does).
+are heavy; Unsloth, when used, must be imported before them: finetune does, planning.run.import_backend).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from transformers import TrainerCallback
 from toolbox_train.runs import checkpoints
 from toolbox_train.runs import resume
 from toolbox_train import disk, objectives
+from toolbox_train.training import progress
 from toolbox_train.contract import ToolError
 from toolbox_train.models.arithmetic import GiB
-from toolbox_train.planning.plan import Plan, log
+from toolbox_train.planning.run import ResolvedRun, log
 from toolbox_train.config.sync import local_sgd_steps
 
 LOCAL_SGD_STATE = "local_sgd.json"  # in each checkpoint: LocalSGD's step counter
@@ -121,20 +122,21 @@ def fused_head_ok(inputs) -> bool:
 
 
 class Toolbox:
-    """What every objective's trainer gets on top of TRL's (objectives/<name>_trainer.py): atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
+    """What every objective's trainer gets on top of TRL's (objectives/<name>/trainer.py): atomic checkpoints (temp name, then rename; keep last K) and LocalSGD.
 
-    `plan`: the resolved Plan (checkpoint rotation, CPU optimizer loading, the sync mode).
+    `run`: the resolved run (checkpoint rotation, CPU optimizer loading, the sync mode).
     """
 
     _staging: str | None = None
     _local_sgd = None
     grad_allreduce_calls = 0
 
-    def __init__(self, *args, plan: Plan, **kw):
-        self.toolbox_plan = plan
-        self.local_sgd_every = local_sgd_steps(plan.sync)
+    def __init__(self, *args, run: ResolvedRun, **kw):
+        self.toolbox_run = run
+        self.local_sgd_every = local_sgd_steps(run.sync)
         super().__init__(*args, **kw)
         self.add_callback(_LocalSGDStep(self))
+        progress.step_lines(self)  # per-step lines on stderr; stdout keeps the summary alone
 
     def _get_output_dir(self, trial):
         return self._staging or super()._get_output_dir(trial)
@@ -155,7 +157,7 @@ class Toolbox:
                 self._local_sgd._sync_and_avg_model_params()  # save what every rank agrees on
             super()._save_checkpoint(model, trial)
             if self.is_local_process_zero():
-                resume.write_identity(staging / name, self.toolbox_plan)  # what --resume checks
+                resume.write_identity(staging / name, self.toolbox_run)  # what --resume checks
             if self._local_sgd is not None and self.is_local_process_zero():
                 disk.write_json(staging / name / LOCAL_SGD_STATE,
                                  {"every": self._local_sgd.local_sgd_steps, "num_steps": self._local_sgd.num_steps})
@@ -171,7 +173,7 @@ class Toolbox:
                 staging.rmdir()
             except OSError:
                 pass
-            checkpoints.rotate(root, self.toolbox_plan.cfg.output.keep_checkpoints)
+            checkpoints.rotate(root, self.toolbox_run.cfg.output.keep_checkpoints)
         self.accelerator.wait_for_everyone()
 
     def _failed_save(self, exc: BaseException, root: Path, staging: Path, name: str) -> None:
@@ -259,7 +261,7 @@ class Toolbox:
         return super().training_step(model, inputs, num_items_in_batch)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        if self.toolbox_plan.gpu or checkpoint is None:
+        if self.toolbox_run.gpu or checkpoint is None:
             return super()._load_optimizer_and_scheduler(checkpoint)
         # CPU ranks save their optimizer state tagged "cpu:0", and transformers loads it with
         # map_location=args.device under DDP, which torch cannot restore: map to plain "cpu".
@@ -286,7 +288,7 @@ class Toolbox:
         return super()._run_epoch(*args, **kwargs)
 
     def _local_sgd_resumed_steps(self) -> int:
-        cp = self.toolbox_plan.resume_from
+        cp = self.toolbox_run.resume_from
         if cp is None:
             return 0
         if (cp / LOCAL_SGD_STATE).is_file():
@@ -315,7 +317,13 @@ def weights_digest(model) -> str:
     return h.hexdigest()
 
 
-def save_final(p: Plan, trainer: Toolbox, tok) -> None:
+def eval_history(trainer) -> list[dict]:
+    """Each evaluation of the run: its step and eval loss."""
+    return [{"step": h["step"], "eval_loss": float(h["eval_loss"])}
+            for h in trainer.state.log_history if "eval_loss" in h]
+
+
+def save_final(p: ResolvedRun, trainer: Toolbox, tok) -> None:
     """The trained model into the run folder. A save that fails (a full disk: the model is the largest
     file a run writes) leaves none of its files - what the folder held before stays - and a full disk is
     said with the folder and the whole checkpoint that `--resume` saves the model from."""
@@ -337,7 +345,7 @@ def save_final(p: Plan, trainer: Toolbox, tok) -> None:
                                            "no whole checkpoint had been written")) from exc
 
 
-def _save_final(p: Plan, trainer: Toolbox, tok) -> None:
+def _save_final(p: ResolvedRun, trainer: Toolbox, tok) -> None:
     trainer.accelerator.wait_for_everyone()
     if trainer.is_fsdp_enabled:
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")

@@ -3,7 +3,7 @@ weights, label smoothing)."""
 
 from __future__ import annotations
 
-from toolbox_train.training.preference import trl_config
+from toolbox_train.training.arguments import trl_config
 
 
 def dpo_args(p, dist):

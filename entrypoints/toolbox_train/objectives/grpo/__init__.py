@@ -19,7 +19,7 @@ GENERATION = ("auto", "transformers", "transformers-static", "transformers-paged
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
 
 
 class RewardCfg(_Strict):

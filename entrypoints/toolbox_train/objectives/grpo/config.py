@@ -3,7 +3,7 @@ and temperature, the KL weight, the reward weights, the sampler, the loss varian
 
 from __future__ import annotations
 
-from toolbox_train.training.preference import trl_config
+from toolbox_train.training.arguments import trl_config
 from toolbox_train.planning import generation
 
 # grpo: fields that are GRPOConfig's own, under the same names

@@ -52,12 +52,12 @@ class FiniteRewards:
         try:
             rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         except RewardRaised as e:
-            fn = reward_label(e.index, self.toolbox_plan.cfg.grpo.rewards[e.index])
+            fn = reward_label(e.index, self.toolbox_run.cfg.grpo.rewards[e.index])
             raise self.stopped(f"{fn} raised {type(e.exc).__name__}: "
                                f"{first_line(e.exc, 200)} at step {step}", "fix the function, then resume") from None
         bad = ~torch.isfinite(rewards)
         if bad.any():
-            entries = self.toolbox_plan.cfg.grpo.rewards
+            entries = self.toolbox_run.cfg.grpo.rewards
             named = "; ".join(f"{reward_label(i, entries[i])}: {int(bad[:, i].sum())} of "
                               f"{len(bad)} completions" for i in bad.any(0).nonzero().flatten().tolist())
             raise self.stopped(f"a reward function returned NaN/inf or None at step {step} "

@@ -3,7 +3,7 @@ and undesirable rows)."""
 
 from __future__ import annotations
 
-from toolbox_train.training.preference import trl_config
+from toolbox_train.training.arguments import trl_config
 
 
 def kto_args(p, dist):

@@ -3,7 +3,7 @@ section (beta, the weight of the odds-ratio term)."""
 
 from __future__ import annotations
 
-from toolbox_train.training.preference import trl_config
+from toolbox_train.training.arguments import trl_config
 
 
 def orpo_args(p, dist):

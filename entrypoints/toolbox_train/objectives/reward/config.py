@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolbox_train.training.preference import trl_config
+from toolbox_train.training.arguments import trl_config
 
 
 def reward_args(p, dist):

@@ -3,11 +3,11 @@ length, packing, the loss masking data.train_on asks for)."""
 
 from __future__ import annotations
 
-from toolbox_train.planning.plan import Dist, Plan
+from toolbox_train.planning.run import Dist, ResolvedRun
 from toolbox_train.training.arguments import common_args
 
 
-def sft_args(p: Plan, dist: Dist, fmt: str = "text"):
+def sft_args(p: ResolvedRun, dist: Dist, fmt: str = "text"):
     """`fmt`: the data format (data/dataset.py) the loss masking follows (data.train_on)."""
     from trl import SFTConfig
 

@@ -28,4 +28,4 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt: str 
     """SFT's trainer, ready to train (`fmt`: the data format, which the loss masking follows)."""
     args = sft_config.sft_args(p, dist, fmt)  # through the module: bench's calibration wraps it
     return ToolboxSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                             processing_class=tok, peft_config=peft_cfg, plan=p, callbacks=callbacks)
+                             processing_class=tok, peft_config=peft_cfg, run=p, callbacks=callbacks)
