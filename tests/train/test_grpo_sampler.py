@@ -77,16 +77,17 @@ def test_the_static_sampler_samples_the_current_weights_as_trls_default_does(tmp
 
     from toolbox_train import objectives
     from toolbox_train.planning import preflight, rewards
-    from toolbox_train.planning.plan import Dist, plan
+    from toolbox_train.planning.run import Dist, resolve
     from toolbox_train.training import loading
 
     prompts = pref.write(tmp_path / "g.jsonl", "prompt", 8)
     model = tok = None
     trainers = {}
     for gen in ("transformers", "transformers-static"):
-        p = plan(train_config(tiny_model, prompts, tmp_path / gen, **{**GRPO, "grpo.generation": gen}),
-                 check_output=False)
-        train_ds, _, fmt = preflight.validate(p)
+        p = resolve(train_config(tiny_model, prompts, tmp_path / gen, **{**GRPO, "grpo.generation": gen}),
+                    check_output=False)
+        p, train_ds, _ = preflight.validate(p)
+        fmt = p.data_format
         if model is None:
             model, tok, _ = loading.load(p, Dist())
             tok.pad_token = tok.pad_token or tok.eos_token

@@ -46,15 +46,16 @@ def test_a_bad_variant_or_combination_is_refused_before_the_model(tmp_path, tiny
 def built(tmp_path_factory, tiny_models):
     """What finetune loads for a GRPO run (full fine-tuning: no adapter, so one model serves every trainer)."""
     from toolbox_train.planning import preflight, rewards
-    from toolbox_train.planning.plan import Dist, plan
+    from toolbox_train.planning.run import Dist, resolve
     from toolbox_train.training import loading
 
     tmp = tmp_path_factory.mktemp("grpo-variants")
     data = pref.write(tmp / "g.jsonl", "prompt", 8)
 
     def plan_of(**over):
-        p = plan(train_config(tiny_models("llama"), data, tmp / "out", **{**GRPO, **over}), check_output=False)
-        train_ds, _, fmt = preflight.validate(p)
+        p = resolve(train_config(tiny_models("llama"), data, tmp / "out", **{**GRPO, **over}), check_output=False)
+        p, train_ds, _ = preflight.validate(p)
+        fmt = p.data_format
         return p, train_ds, fmt, rewards.check(p, 1)
 
     p, *_ = plan_of()
@@ -66,7 +67,7 @@ def built(tmp_path_factory, tiny_models):
 
 def _trainer(built, **over):
     from toolbox_train import objectives
-    from toolbox_train.planning.plan import Dist
+    from toolbox_train.planning.run import Dist
 
     plan_of, model, tok = built
     p, train_ds, fmt, rw = plan_of(**over)
@@ -165,10 +166,10 @@ VARIANTS = {
 def test_the_loss_is_trls_documented_formula_for_each_variant(built, name):
     import torch
 
-    from toolbox_train.objectives.grpo_config import VARIANTS as FIELDS
+    from toolbox_train.objectives.grpo.config import VARIANTS as FIELDS
 
     t = _trainer(built, **VARIANTS[name])
-    g = t.toolbox_plan.cfg.grpo
+    g = t.toolbox_run.cfg.grpo
     for f in FIELDS:  # the section reaches GRPOConfig under TRL's names
         assert getattr(t.args, f) == (getattr(g, f) if f != "steps_per_generation" or g.steps_per_generation
                                       else t.args.gradient_accumulation_steps), f

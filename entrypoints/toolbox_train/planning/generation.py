@@ -1,7 +1,7 @@
 """How GRPO generates its completions (`grpo.generation`): transformers' `generate` with its dynamic
 cache (TRL's default), the same with a static cache and compiled decoding (`transformers-static`:
 GRPOConfig.cache_implementation "static", the compile TRL turns off turned back on by
-objectives/grpo_trainer.py), transformers' continuous batching (`transformers-paged`: TRL's
+objectives/grpo/trainer.py), transformers' continuous batching (`transformers-paged`: TRL's
 `use_transformers_continuous_batching`), or TRL's vLLM colocate mode (`use_vllm`, `vllm_mode:
 colocate`: a vLLM engine in the training process, its share of memory `grpo.vllm_gpu_memory_utilization`).
 `auto` picks the fastest this machine runs (`pick`), measured on an H100 (docs/preference.md).

@@ -238,10 +238,11 @@ def unified_memory(local_rank: int = 0) -> bool:
 def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
                   precision: str = "bf16", device_bytes: float | None = None, gpu: bool = True,
                   unified: bool = False, lora_params: int | None = None, unit=None, reference: str | None = None,
-                  ) -> MemoryPlan:
+                  seq: int | None = None) -> MemoryPlan:
     """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`. `lora_params`: the
     adapter's size where PEFT built it (planning/run.py), in place of the arithmetic's count; `unit` and
-    `reference`: the run's objective and reference model (planning/run.py), else read from `cfg`."""
+    `reference`, `seq`: the run's objective, reference model and tokens a sequence (planning/run.py), else read
+    from `cfg`."""
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
@@ -250,7 +251,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     # the sequences of one example in a forward (DPO/ORPO: chosen and rejected in one batch)
     rows = unit.rows
     # the tokens the loss reads a sequence: GRPO's each prompt with its completion (max_seq_length bounds the prompt)
-    seq = cfg.data.max_seq_length + unit.extra_tokens(cfg)
+    seq = seq or cfg.data.max_seq_length + unit.extra_tokens(cfg)
     # TRL's DPO/KTO score tokens with its fused head (chunked, no logits); its ORPOTrainer reads the model's
     # bf16 logits of both sequences (Unsloth's forward on its backend does not build them)
     head = "full" if not gpu else "logits" if unit.logits and backend != "unsloth" else "chunked"

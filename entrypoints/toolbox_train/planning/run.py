@@ -66,6 +66,7 @@ class ResolvedRun:
     objective: Objective  # the unit of cfg.objective (objectives.REGISTRY)
     reference: str  # the reference model: none, adapter or copy
     objective_line: str  # the banner's line of the objective, its section and the reference model
+    seq_tokens: int  # the tokens its loss reads a sequence (data.max_seq_length, GRPO's completion added)
     out: Path
     model_path: str
     model_config: Any
@@ -166,7 +167,7 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
              device_memory: str | None, probe_device: bool, refuse: bool, machine, on_backend) -> ResolvedRun:
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other")
-    unit, reference, line = resolve_objective(cfg)
+    unit, reference, line, seq_tokens = resolve_objective(cfg)
     out = resolve_output(cfg, resume, overwrite, check_output)
     world = world_size or Dist.from_env().world_size
     batch_plan(cfg, world)  # a global batch the ranks cannot share, before anything else is asked
@@ -189,7 +190,7 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
                         f"(objective {cfg.objective}; {model_path} has {'a' if router else 'no'} router)")
     tracking.check(cfg.output)  # each tracker's package, before anything is written
     batch = cfg.train.per_device_batch_size
-    run = ResolvedRun(cfg, base, unit, reference, line, out, model_path, mc, backend, is_multimodal(mc), world, gpu,
+    run = ResolvedRun(cfg, base, unit, reference, line, seq_tokens, out, model_path, mc, backend, is_multimodal(mc), world, gpu,
                       precision, liger, batch=1 if batch == "auto" else batch, grad_accum=1,
                       sync=sync_from_env() if sync_mode is None else sync_mode)
     notes: list[str] = []
@@ -215,14 +216,16 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
     return dataclasses.replace(run, resume_from=resume_from, notes=tuple(notes + more))
 
 
-def resolve_objective(cfg: TrainConfig) -> tuple[Objective, str, str]:
-    """(the objective's unit, its reference model, the banner's line of them)."""
+def resolve_objective(cfg: TrainConfig) -> tuple[Objective, str, str, int]:
+    """(the objective's unit, its reference model, the banner's line of them, the tokens its loss reads a
+    sequence). The unit's own functions are asked here, once, in its own module's order."""
     unit = objectives.REGISTRY[cfg.objective]
+    seq_tokens = cfg.data.max_seq_length + unit.extra_tokens(cfg)
     said = unit.describe(getattr(cfg, unit.name).model_dump(mode="json")) if unit.section else {}
     reference = unit.reference(cfg)
     parts = ", ".join(f"{k} {'+'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in said.items()
                       if v is not None)  # loss_type [sigmoid, sft] -> sigmoid+sft, loss_weights -> 1.0+0.5
-    return unit, reference, f"objective {unit.name} ({parts}); {REFERENCE_TEXT[reference]}"
+    return unit, reference, f"objective {unit.name} ({parts}); {REFERENCE_TEXT[reference]}", seq_tokens
 
 
 def resolve_output(cfg: TrainConfig, resume: bool, overwrite: bool, check: bool) -> Path:
@@ -318,7 +321,7 @@ def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, prob
         unified = unified or probe and memory.unified_memory(Dist.from_env().local_rank)
         tp = memory.plan_training(run.cfg, run.model_config, run.backend, run.liger, run.world_size, fsdp,
                                    run.precision, dev, gpu=run.gpu, unified=unified, lora_params=run.lora_params,
-                                   unit=run.objective, reference=run.reference)
+                                   unit=run.objective, reference=run.reference, seq=run.seq_tokens)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
         gc = True if t.gradient_checkpointing == "auto" else t.gradient_checkpointing
         notes = [f"memory plan: not available for this model's config ({exc!r}); checkpointing {gc}"]

@@ -83,7 +83,7 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=None,
     from trl import GRPOTrainer
 
     from toolbox_train.planning import generation
-    from toolbox_train.planning.plan import log
+    from toolbox_train.planning.run import log
 
     sampler, why = generation.pick(p.cfg, p.backend, p.gpu)
     log(f"grpo.generation: {p.cfg.grpo.generation} -> {sampler} ({why})")
