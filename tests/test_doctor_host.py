@@ -99,6 +99,29 @@ def test_kernel_threshold(tmp_path, release, status):
     assert gpuhost.kernel_check(tree).status == status
 
 
+# AMD's Strix Halo page accepts Ubuntu 24.04 HWE >= 6.17.0-19.19~24.04.2 and OEM >= 6.14.0-1018 below 6.18.4.
+@pytest.mark.parametrize("release, signature, status", [
+    ("6.17.0-19-generic", "Ubuntu 6.17.0-19.19~24.04.2-generic 6.17.13", "ok"),
+    ("6.17.0-35-generic", "Ubuntu 6.17.0-35.35~24.04.1-generic 6.17.13", "ok"),
+    ("6.17.0-14-generic", "Ubuntu 6.17.0-14.14~24.04.1-generic 6.17.9", "fail"),
+    ("6.17.0-19-generic", None, "ok"),   # no version_signature: uname's ABI alone
+    ("6.17.0-14-generic", None, "fail"),
+    ("6.14.0-1018-oem", "Ubuntu 6.14.0-1018.18-oem 6.14.0", "ok"),
+    ("6.14.0-1017-oem", "Ubuntu 6.14.0-1017.17-oem 6.14.0", "fail"),
+    ("6.8.0-90-generic", "Ubuntu 6.8.0-90.91-generic 6.8.12", "fail"),
+    ("6.17.9-300.fc43.x86_64", None, "fail"),  # not Ubuntu's: 6.18.4 as elsewhere
+])
+def test_ubuntu_kernels_amd_accepts(tmp_path, release, signature, status):
+    tree = copy("strix-good", tmp_path)
+    (tree / "proc/sys/kernel/osrelease").write_text(release + "\n")
+    if signature:
+        (tree / "proc/version_signature").write_text(signature + "\n")
+    c = gpuhost.kernel_check(tree)
+    assert c.status == status, c
+    if status == "fail" and "fc43" not in release:
+        assert "6.17.0-19.19~24.04.2" in c.hint
+
+
 @pytest.mark.parametrize("text, status", [("0x00000083", "fail"), ("0x00000080", "ok"), ("0x00000086", "ok"),
                                           (None, "info"), ("garbage", "info")])
 def test_mes_versions(tmp_path, text, status):
