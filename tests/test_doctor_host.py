@@ -145,10 +145,16 @@ def test_memory_setting_in_modprobe_conf_counts_only_when_in_effect(tmp_path):
     (tree / "sys/module/ttm/parameters/pages_limit").write_text("25165824\n")  # after the reboot
     c = gpuhost.memory_check(tree, gpu)
     assert c.status == "ok" and "in /etc/modprobe.d/ttm.conf" in c.detail
-    # the older knob, amdgpu's gttsize (MiB) as a module option, counts too
+    # the older knob, amdgpu's gttsize (MiB), counts where the live TTM limit is unreadable...
     tree2 = copy("strix-bad", tmp_path / "b")
     (tree2 / "sys/module/amdgpu/parameters/gttsize").write_text("98304\n")
+    (tree2 / "sys/module/ttm/parameters/pages_limit").unlink()
     assert gpuhost.memory_check(tree2, gpu).status == "ok"
+    # ...not where the live limit is still the RAM/2 default: deprecated, it raises nothing (unsloth #7878)
+    (tree2 / "sys/module/ttm/parameters/pages_limit").write_text("7936000\n")  # 30.3 GiB of 62 GiB
+    c = gpuhost.memory_check(tree2, gpu)
+    assert c.status == "fail" and "RAM/2 default" in c.detail and "amdgpu gttsize=98304 does not raise it" in c.detail
+    assert "ttm.pages_limit=" in c.hint and "#7878" in c.hint
 
 
 def test_gfx1151_found_by_pci_id_without_kfd_topology(tmp_path):

@@ -190,6 +190,13 @@ def memory_check(base: Path, gpu: Gpu) -> Check:
                      "but not in effect in the running kernel",
                      "regenerate the initramfs (`sudo dracut -f` / `sudo update-initramfs -u`) and the boot "
                      "entry, then reboot; check /sys/module/ttm/parameters/pages_limit")
+    if set_by and limit is not None and ram and limit * 4096 <= ram * 0.55:
+        # unslothai/unsloth #7878 (and PR #7960): torch reported 62.47 GiB on a 128 GB Strix Halo because
+        # amdgpu.gttsize is deprecated and the TTM page limit was still at its RAM/2 default
+        return Check("gpu memory", "fail", f"{detail}; the live ttm pages_limit is the RAM/2 default "
+                     f"({', '.join(set_by)} does not raise it): torch sees about half",
+                     f"add ttm.pages_limit=<GiB x {PAGES_PER_GIB}> to the kernel command line (96 GiB: "
+                     f"ttm.pages_limit={96 * PAGES_PER_GIB}), regenerate the initramfs/boot entry and reboot (unsloth #7878)")
     if set_by:
         return Check("gpu memory", "ok", f"{detail}; set by {', '.join(set_by)}")
     example = 96 * PAGES_PER_GIB

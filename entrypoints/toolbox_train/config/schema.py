@@ -101,7 +101,7 @@ class DataCfg(_Strict):
     shuffle: bool = True
     loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="data loader processes that read and collate the next batches while the "
-        "device trains; auto: 1 with a GPU, 0 (in the training process) on a CPU")
+        "device trains; auto: 1 with a GPU, 0 (in the training process) on a CPU and on gfx1151 (unified memory)")
 
     _paths = field_validator("path", "eval_path")(_openable)
     _columns = field_validator("fields")(_fields)

@@ -370,7 +370,7 @@ def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, ref
                 unified: bool = False) -> None:
     """The memory plan (config.json only, no weights): resolves checkpointing `auto` and
     refuses a run that cannot fit before any weight is loaded (docs/benchmarks.md, Memory planner)."""
-    from toolbox_train.planning import memory
+    from toolbox_train.planning import memory, strix
 
     try:
         dev = memory.parse_size(device_memory) if device_memory else (
@@ -391,7 +391,7 @@ def memory_plan(p: Plan, fsdp: bool, device_memory: str | None, probe: bool, ref
     if p.cfg.train.per_device_batch_size == "auto":
         p.cfg.train.per_device_batch_size = tp.setting.batch
         p.notes.append(f"train.per_device_batch_size: auto -> {tp.setting.batch} ({tp.batch_reason})")
-    why = memory.refusal(tp)
+    why = strix.memory_refusal(memory.refusal(tp)) if probe and not device_memory else memory.refusal(tp)
     if why and refuse:
         raise UserError(f"memory: {why} (finetune --plan shows the candidates; --device-memory plans for "
                         "another device)")
