@@ -81,7 +81,7 @@ def test_training_arguments_take_the_loader_settings(tmp_path, monkeypatch):
 
 
 def test_attention_on_gfx1151():
-    assert strix.attention(None, "bf16", HALO_RAISED) == "sdpa"
+    assert strix.attention(None, "bf16", HALO_RAISED) is None  # transformers' default: sdpa, or eager (GPT-OSS)
     assert strix.attention("eager", "bf16", HALO_RAISED) == "eager"
     with pytest.raises(UserError, match="flash_attention_2 in bf16 gives NaN losses on gfx1151.*fix: model.attn_implementation: sdpa"):
         strix.attention("flash_attention_2", "bf16", HALO_RAISED)
@@ -110,13 +110,17 @@ def test_moe_on_a_hip_whose_grouped_mm_crashes(hip, bad):
     assert strix.moe_problem({"model_type": "llama", "hidden_size": 64}, dev) is None  # dense: no grouped_mm
 
 
-def test_finetune_preflight_sets_the_attention_and_refuses_the_moe(tmp_path):
+def test_finetune_preflight_refuses_bf16_flash_attention_and_the_moe(tmp_path):
     from toolbox_train.planning.plan import plan
 
     p = plan(_tiny_config(tmp_path), check_output=False, import_backend=False, probe_device=False)
-    p.gpu = True
+    p.gpu, p.precision = True, "bf16"  # as planned on the GPU
     strix.preflight(p, HALO_RAISED)
-    assert p.cfg.model.attn_implementation == "sdpa"
+    assert p.cfg.model.attn_implementation is None
+    p.cfg.model.attn_implementation = "flash_attention_2"
+    with pytest.raises(UserError, match="flash_attention_2 in bf16"):
+        strix.preflight(p, HALO_RAISED)
+    p.cfg.model.attn_implementation = None
     p.model_config = MOE
     with pytest.raises(UserError, match="grouped_mm"):
         strix.preflight(p, Device("gfx1151", "7.2.0", 96 * GiB, RAM_128GB))

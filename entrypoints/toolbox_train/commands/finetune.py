@@ -109,7 +109,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     p = plan(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0,
              device_memory=device_memory)
     train_ds, eval_ds, fmt = preflight.validate(p)  # bad data is still bad input: before the model
-    strix.preflight(p)  # gfx1151's reports: the attention that NaNs, an MoE on a HIP that crashes in it
+    strix.preflight(p)  # gfx1151's reports: bf16 flash attention's NaNs, an MoE on a HIP that crashes in it
     rewards = grpo_rewards.check(p, dist.world_size)  # GRPO's reward functions, before the model too
     exports = report.parse_exports(p.cfg.output.export)
     if any(a[1] == "gguf" for a in exports):

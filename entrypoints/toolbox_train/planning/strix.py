@@ -90,15 +90,13 @@ def loader(workers: int | str, gpu: bool, dev: Device | None = None) -> tuple[in
 def attention(configured: str | None, precision: str, dev: Device | None = None) -> str | None:
     """The attention the model loads with on gfx1151: flash_attention_2 in bf16 gives NaN losses there
     (unslothai/unsloth #3385, fixed in Unsloth by PR #3588: "On HIP (gfx1151) bfloat16 FlashAttention2 can
-    be numerically unstable"; amd/playbooks #611), so it is refused, and an unset one is sdpa (torch's
-    kernels, not the flash_attn package). Elsewhere: what the config says."""
+    be numerically unstable"; amd/playbooks #611), so it is refused. Unset stays unset: transformers'
+    own default, sdpa where the model has it and eager where not (GPT-OSS), never flash_attention_2."""
     dev = dev if dev is not None else device()
-    if not dev.gfx1151:
-        return configured
-    if configured == "flash_attention_2" and precision == "bf16":
+    if dev.gfx1151 and configured == "flash_attention_2" and precision == "bf16":
         raise UserError("model.attn_implementation: flash_attention_2 in bf16 gives NaN losses on gfx1151 "
                         "(unsloth #3385); fix: model.attn_implementation: sdpa (or eager)")
-    return configured or "sdpa"
+    return configured
 
 
 def nan_hint(step: int, attn: str | None, dev: Device | None = None) -> str | None:
