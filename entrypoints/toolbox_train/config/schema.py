@@ -234,6 +234,14 @@ class OutputCfg(_Strict):
     _dir = field_validator("dir")(_openable)
 
 
+class VisionCfg(_Strict):
+    """Image rows (vision-language SFT): which parts of the model train."""
+    train: list[Literal["language", "vision", "projector"]] = Field(
+        ["language"], min_length=1, description="the parts that train on image rows: language (the language "
+        "model), vision (the vision tower), projector (the vision-to-text projection); the vision tower frozen "
+        "by default, as the peers have it")
+
+
 class TrainConfig(_Strict):
     model: ModelCfg
     data: DataCfg
@@ -246,6 +254,7 @@ class TrainConfig(_Strict):
     lora: LoraCfg = LoraCfg()
     backend: Literal["auto", "hf", "unsloth"] = "auto"
     train: TrainCfg = TrainCfg()
+    vision: VisionCfg = VisionCfg()
     output: OutputCfg
 
     @field_validator("method", "objective", mode="before")

@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 from toolbox_train.contract import UserError, first_line
 from toolbox_train.guards import special_file
-from toolbox_train.data import pref_rows
+from toolbox_train.data import images, pref_rows
 from toolbox_train.config.objectives import DATA_FORMAT
-from toolbox_train.data.rowcheck import Locate, check_rows, detect_format, missing_columns, scan_jsonl
+from toolbox_train.data.rowcheck import NAMED, Locate, check_rows, detect_format, missing_columns, refuse, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
@@ -137,6 +137,11 @@ def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field
             return f"{where} row {i + 1}"
 
         check_rows(iter(ds), fmt, text_field, locate, field)
+    if fmt == "messages" and images.COLUMN in ds.column_names:  # image rows: every image opened here
+        folder = local if local is not None and local.is_dir() else local.parent if local is not None else Path.cwd()
+        ds, bad = images.resolve(ds, folder, locate)
+        refuse(bad[:NAMED], len(bad), len(ds), field)
+        fmt = images.FORMAT
     return ds, fmt, locate
 
 
@@ -172,6 +177,8 @@ def shape(ds, fmt: str, text_field: str, path: str):
         if missing:
             raise UserError(f"data.format: alpaca: {path}: missing column(s) {missing} (has {cols})")
         return ds.map(_alpaca, remove_columns=cols)
+    if fmt == images.FORMAT:
+        return ds.select_columns(["messages", images.COLUMN])
     key = "messages" if "messages" in cols else "conversations" if "conversations" in cols else None
     if key is None:
         raise UserError(f"data.format: messages: {path}: no 'messages' column (has {cols})")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from toolbox_train.data import pref_rows
+from toolbox_train.data import images, pref_rows
 from toolbox_train.planning import rewards
 from toolbox_train.data.dataset import Locate, load_datasets
 from toolbox_train.contract import UserError, first_line
@@ -129,6 +129,21 @@ def check_completion_lengths(tok, ds, locate: Locate, field: str, max_len: int) 
     log(f"warning: {field}: {msg}; they are left out")
 
 
+def check_image_rows(p: Plan, ds, locate: Locate, field: str) -> None:
+    """Image rows: a vision-language model with a processor, no packing, every row through its chat template."""
+    from toolbox_train.models import vision
+    from toolbox_train.planning.plan import is_multimodal
+
+    if not is_multimodal(p.model_config):
+        images.refuse_text_model(p.model_path, field)
+    if p.cfg.data.packing:
+        raise UserError("data.packing: image rows are not packed (an image's tokens and pixels belong to one row, "
+                        "and TRL packs token ids only); set it to false")
+    proc = vision.load_processor(p.model_path, p.cfg.model.revision, p.cfg.model.trust_remote_code)
+    bad = vision.row_problems(proc, ds, locate)
+    refuse(bad[:NAMED], len(bad), len(ds), field)
+
+
 def validate(p: Plan):
     """Every dataset row against the format, then the tokenizer's checks: (train, eval, format).
 
@@ -143,7 +158,9 @@ def validate(p: Plan):
     template: list = []  # assistant_template's, once there are chat rows
 
     def check(ds, fmt: str, locate: Locate, field: str) -> None:
-        if fmt == "messages":
+        if fmt == images.FORMAT:
+            check_image_rows(p, ds, locate, field)
+        elif fmt == "messages":
             if masks and tok.chat_template and not template:
                 template.append(assistant_template(p, tok))
             check_chat_template(tok, ds, locate, field, masks and bool(tok.chat_template), template and template[0])

@@ -10,6 +10,7 @@ from typing import Any
 from toolbox_train.models.arithmetic import LORA_ALL_LINEAR
 from toolbox_train.planning.plan import Dist, Plan, using_fsdp
 from toolbox_train.models.lora import VISION_PARTS, peft_config
+from toolbox_train.data.images import FORMAT as VISION_FORMAT
 
 
 def torch_dtype(p: Plan):
@@ -82,5 +83,48 @@ def load_unsloth(p: Plan, dist: Dist):
     return model, tok, None
 
 
-def load(p: Plan, dist: Dist):
+def load_vision(p: Plan, dist: Dist):
+    """Image rows: the image-text-to-text model, its processor (in the tokenizer's place), the parts that
+    train (vision.train) frozen or adapted by module path (models/vision.py)."""
+    from transformers import AutoModelForImageTextToText
+
+    from toolbox_train.models import vision
+
+    c, train = p.cfg, p.cfg.vision.train
+    proc = vision.load_processor(p.model_path, c.model.revision, c.model.trust_remote_code)
+    if p.backend == "unsloth":  # FastVisionModel: untested here (Unsloth needs a GPU)
+        from unsloth import FastVisionModel
+
+        model, proc = FastVisionModel.from_pretrained(
+            p.model_path, dtype=None if p.precision == "fp32" else torch_dtype(p), load_in_4bit=c.method == "qlora",
+            load_in_8bit=c.method == "lora-8bit", full_finetuning=c.method == "full", revision=c.model.revision,
+            use_gradient_checkpointing="unsloth" if p.gradient_checkpointing else False,
+            trust_remote_code=c.model.trust_remote_code)
+        if c.method != "full":
+            model = FastVisionModel.get_peft_model(
+                model, finetune_vision_layers="vision" in train, finetune_language_layers="language" in train,
+                finetune_attention_modules=True, finetune_mlp_modules=True, r=c.lora.r, lora_alpha=c.lora.alpha,
+                lora_dropout=c.lora.dropout, bias="none", random_state=c.train.seed)
+        return model, proc, None
+    kw: dict[str, Any] = dict(revision=c.model.revision, trust_remote_code=c.model.trust_remote_code,
+                              dtype=torch_dtype(p))
+    if c.model.attn_implementation:
+        kw["attn_implementation"] = c.model.attn_implementation
+    if p.gpu and not using_fsdp():
+        kw["device_map"] = {"": dist.local_rank}
+    model = AutoModelForImageTextToText.from_pretrained(p.model_path, **kw)
+    if c.method == "full":
+        vision.set_trainable(model, train)
+        return model, proc, None
+    from peft import LoraConfig
+
+    extra = vision.projector_modules(model) if "projector" in train else []
+    return model, proc, LoraConfig(r=c.lora.r, lora_alpha=c.lora.alpha, lora_dropout=c.lora.dropout, bias="none",
+                                   target_modules=vision.lora_target_regex(train, c.lora.target_modules),
+                                   modules_to_save=extra or None, task_type="CAUSAL_LM")
+
+
+def load(p: Plan, dist: Dist, fmt: str = "text"):
+    if fmt == VISION_FORMAT:
+        return load_vision(p, dist)
     return load_unsloth(p, dist) if p.backend == "unsloth" else load_hf(p, dist)

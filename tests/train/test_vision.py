@@ -1,0 +1,139 @@
+"""Vision-language SFT on CPU with tiny VLMs per family: labels masked exactly (found here from the
+token ids, not the way the collator finds them), the loss a plain HF forward gives, a finetune run
+(full and LoRA) whose output loads as an image-text model, the parts that train, LoRA by module path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from helpers.tiny import train_config
+from helpers.tiny_vision import image_rows, write_image_dataset
+from toolbox_train.commands import finetune
+from toolbox_train.data.images import load_image
+from toolbox_train.models.vision import load_processor, part_of
+from toolbox_train.training.vision import VisionCollator, image_token_ids
+
+FAMILIES = ["gemma3", "qwen2.5-vl"]
+
+
+def _rows(tmp_path, n=3):
+    rows = image_rows(n, tmp_path / "images")
+    for r in rows:
+        r["images"] = [str(tmp_path / p) for p in r["images"]]
+    # A second turn with an image of its own: two assistant turns to find, images in two user turns.
+    two = image_rows(2, tmp_path / "images2", seed=1)
+    rows.append({"messages": rows[0]["messages"] + two[1]["messages"],
+                 "images": rows[0]["images"] + [str(tmp_path / two[1]["images"][0])]})
+    return rows
+
+
+def _expected(tok, ids, attn, image_ids, train_on="responses"):
+    """Labels from the token ids alone: every token after an <|assistant|> token up to the next <|user|>
+    token or the padding (responses), or every non-padding token (all); never an image token."""
+    ast, user = tok.convert_tokens_to_ids("<|assistant|>"), tok.convert_tokens_to_ids("<|user|>")
+    out = torch.full_like(ids, -100)
+    for i in range(ids.shape[0]):
+        inside = train_on == "all"
+        for j in range(int(attn[i].sum())):
+            t = int(ids[i, j])
+            if t == user:
+                inside = train_on == "all"
+            if inside and t not in image_ids:
+                out[i, j] = t
+            if t == ast:
+                inside = True
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("train_on", ["responses", "all"])
+def test_labels_masked_exactly(tmp_path, tiny_vlms, family, train_on):
+    proc = load_processor(str(tiny_vlms(family)))
+    batch = VisionCollator(proc, 256, train_on)(_rows(tmp_path))
+    image_ids = image_token_ids(proc)
+    want = _expected(proc.tokenizer, batch["input_ids"], batch["attention_mask"], image_ids, train_on)
+    assert torch.equal(batch["labels"], want)
+    labelled = batch["labels"] != -100
+    assert labelled.sum() > 0
+    assert not torch.isin(batch["input_ids"][labelled], torch.tensor(sorted(image_ids))).any()
+    if train_on == "responses":  # the image tokens are there, in the prompt, and unlabelled
+        assert torch.isin(batch["input_ids"], torch.tensor(sorted(image_ids))).sum() > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_first_step_loss_is_a_plain_hf_forward(tmp_path, tiny_vlms, family):
+    """The logged loss of step 1 equals the model's loss on the same rows, batched by the processor here and
+    labelled from the token ids (the batch holds every row: the order TRL shuffles them in does not matter)."""
+    from transformers import AutoModelForImageTextToText
+
+    model_dir = tiny_vlms(family)
+    data = write_image_dataset(tmp_path / "d" / "train.jsonl", n=4)
+    out = tmp_path / "out"
+    finetune.run(train_config(model_dir, data, out, **{"train.max_steps": 1, "train.per_device_batch_size": 4,
+                                                        "data.max_seq_length": 128}))
+    logged = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+
+    proc = load_processor(str(model_dir))
+    rows = [json.loads(ln) for ln in data.read_text().splitlines()]
+    texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in rows]
+    imgs = [[load_image(str(data.parent / p)) for p in r["images"]] for r in rows]
+    batch = proc(text=texts, images=imgs, padding=True, return_tensors="pt", add_special_tokens=False)
+    batch["labels"] = _expected(proc.tokenizer, batch["input_ids"], batch["attention_mask"], image_token_ids(proc))
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        loss = model(**batch).loss.item()
+    assert logged == pytest.approx(loss, rel=1e-4)
+
+
+def _weights(path):
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("parts", [["language"], ["language", "vision", "projector"]])
+def test_full_finetune_trains_the_parts_named(tmp_path, tiny_vlms, family, parts):
+    from transformers import AutoModelForImageTextToText
+
+    model_dir = tiny_vlms(family)
+    data = write_image_dataset(tmp_path / "d" / "train.jsonl", n=8)
+    out = tmp_path / "out"
+    s = finetune.run(train_config(model_dir, data, out, **{"train.max_steps": 4, "data.max_seq_length": 128,
+                                                            "vision.train": parts}))
+    assert s["steps"] == 4 and s["last_loss"] < s["first_loss"]
+    before, after = _weights(model_dir / "model.safetensors"), _weights(out / "model.safetensors")
+    changed = {part_of(k) for k in before if not torch.equal(before[k], after[k])}
+    assert changed == set(parts)
+    model = AutoModelForImageTextToText.from_pretrained(out)  # loads as an image-text model, its processor beside
+    assert type(model).__name__.endswith("ForConditionalGeneration")
+    assert load_processor(str(out)).image_processor is not None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_adapts_modules_by_path(tmp_path, tiny_vlms, family):
+    from transformers import AutoModelForImageTextToText
+
+    model_dir = tiny_vlms(family)
+    data = write_image_dataset(tmp_path / "d" / "train.jsonl", n=8)
+    out = tmp_path / "out"
+    s = finetune.run(train_config(model_dir, data, out, **{
+        "method": "lora", "lora.r": 4, "lora.alpha": 8, "train.learning_rate": 2e-2, "train.max_steps": 4,
+        "data.max_seq_length": 128, "output.save": "both"}))
+    assert s["last_loss"] < s["first_loss"]
+    keys = list(_weights(out / "adapter_model.safetensors"))
+    # The vision blocks' q_proj/gate_proj... share the language model's names: only the language model's adapted.
+    assert keys and {part_of(k) for k in keys} == {"language"}
+    merged = AutoModelForImageTextToText.from_pretrained(out / "merged")
+    assert not any("lora_" in k for k in merged.state_dict())
+
+    out2 = tmp_path / "out2"
+    finetune.run(train_config(model_dir, data, out2, **{
+        "method": "lora", "lora.r": 4, "train.max_steps": 1, "data.max_seq_length": 128,
+        "vision.train": ["language", "vision", "projector"]}))
+    keys = list(_weights(out2 / "adapter_model.safetensors"))
+    assert {part_of(k) for k in keys} == {"language", "vision", "projector"}
