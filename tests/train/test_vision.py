@@ -137,3 +137,31 @@ def test_lora_adapts_modules_by_path(tmp_path, tiny_vlms, family):
         "vision.train": ["language", "vision", "projector"]}))
     keys = list(_weights(out2 / "adapter_model.safetensors"))
     assert {part_of(k) for k in keys} == {"language", "vision", "projector"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parts_and_lora_targets_by_module_path(tmp_path, family):
+    """Both families' models (no processor needed): each parameter's part, and the LoRA regex adapting the
+    named modules of the parts that train only, though the vision blocks reuse the language model's names."""
+    import re
+
+    from transformers import AutoModelForImageTextToText
+
+    from helpers.tiny_vision import make_tiny_vlm
+    from toolbox_train.models.vision import lora_target_regex, projector_modules
+
+    model = AutoModelForImageTextToText.from_pretrained(make_tiny_vlm(tmp_path / family, family))
+    parts = {n: part_of(n) for n, _ in model.named_parameters()}
+    assert set(parts.values()) == {"language", "vision", "projector"}
+    assert all(p == "language" for n, p in parts.items() if "language_model" in n or n.startswith("lm_head"))
+    names = [n for n, _ in model.named_modules()]
+    shared = {"q_proj", "gate_proj"} & {n.rsplit(".", 1)[-1] for n in names if part_of(n) == "vision"}
+    assert shared  # the trap: a vision block with a language model's module name
+    for train in (["language"], ["vision"], ["language", "vision"]):
+        rx = lora_target_regex(train, "all-linear")
+        hit = {part_of(n) for n in names if re.fullmatch(rx, n)}
+        assert hit == set(train)
+        named = [n for n in names if re.fullmatch(lora_target_regex(train, ["q_proj"]), n)]
+        assert all(n.endswith(".q_proj") and part_of(n) in train for n in named)
+        assert named or "language" not in train
+    assert projector_modules(model)
