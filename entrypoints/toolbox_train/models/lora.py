@@ -6,10 +6,10 @@ planning/plan.py: target_modules entries that match nothing, MoE experts)."""
 from __future__ import annotations
 
 import math
-import re
 
 from toolbox_train.contract import UserError
-from toolbox_train.models.arithmetic import LORA_ALL_LINEAR, expert_targets, moe_experts
+from toolbox_train.models import vision
+from toolbox_train.models.arithmetic import expert_targets, moe_experts
 
 # Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
 VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
@@ -19,9 +19,9 @@ def lora_targets(p):
     t = p.cfg.lora.target_modules
     if not p.multimodal:
         return t
-    # Text-only fine-tuning of a multimodal wrapper: adapters on the language model only.
-    names = "|".join(LORA_ALL_LINEAR) if t == "all-linear" else "|".join(re.escape(x) for x in t)
-    return rf"^(?!.*({'|'.join(VISION_PARTS)})).*\.({names})$"
+    # A vision-language model: by module path, the parts vision.train names (default: the language model only,
+    # as for text rows, which never reach the vision tower); its vision blocks reuse the language model's names.
+    return vision.lora_target_regex(p.cfg.vision.train, t)
 
 
 def lora_target_parameters(p) -> list[str]:
@@ -39,17 +39,23 @@ def peft_config(p):
 
     c = p.cfg.lora
     experts = lora_target_parameters(p)
+    whole = list(vision.PROJECTOR_MODULES) if p.multimodal and "projector" in p.cfg.vision.train else None
     return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
-                      bias="none", task_type="CAUSAL_LM", **({"target_parameters": experts} if experts else {}))
+                      bias="none", task_type="CAUSAL_LM", modules_to_save=whole,
+                      **({"target_parameters": experts} if experts else {}))
 
 
 def meta_model(p):
     """The run's model, built from its config on the meta device (no memory, no weights read)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    # Qwen-VL and most vision-language models have no causal-LM class: what image rows load them with.
+    text_class = not p.multimodal or getattr(p.model_config, "model_type", "") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    auto = AutoModelForCausalLM if text_class else AutoModelForImageTextToText
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
+        return auto.from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
 
 
 def adapter_shapes(p, built=None) -> dict[str, list[int]]:

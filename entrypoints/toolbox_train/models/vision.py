@@ -61,14 +61,9 @@ def lora_target_regex(train, target_modules) -> str:
     return rf"^({'|'.join(keep)})$"
 
 
-def projector_modules(model) -> list[str]:
-    """The projector's root modules (LoRA: trained whole through PEFT's modules_to_save: Gemma 3's is a bare
-    weight matrix, no Linear to adapt)."""
-    roots = []
-    for name, _ in model.named_modules():
-        if PROJECTOR.search(name) and not any(name.startswith(r + ".") for r in roots):
-            roots.append(name)
-    return [r.rsplit(".", 1)[-1] if "merger" not in r else "merger" for r in roots]
+# LoRA with vision.train's projector: the projector trained whole (PEFT's modules_to_save, matched by the end of
+# a module's path): Gemma 3's is a bare weight matrix, no Linear to adapt.
+PROJECTOR_MODULES = ("multi_modal_projector", "visual.merger", "connector", "mm_projector")
 
 
 def load_processor(path: str, revision: str | None = None, trust_remote_code: bool = False):
@@ -118,3 +113,51 @@ def row_problems(proc, rows, locate) -> list[tuple[str, str]]:
         except Exception as exc:  # jinja2's TemplateError (raise_exception), or no template at all
             bad.append((locate(i), f"the processor's chat template rejects this conversation: {first_line(exc)[:200]}"))
     return bad
+
+
+def _processor_json(folder: str) -> dict:
+    """The image processor's settings in the model folder (processor_config.json's image_processor, or
+    preprocessor_config.json), read as JSON: no processor built."""
+    import json
+    from pathlib import Path
+
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        f = Path(folder) / name
+        if f.is_file():
+            try:
+                doc = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            doc = doc.get("image_processor", doc) if isinstance(doc, dict) else {}
+            if isinstance(doc, dict):
+                return doc
+    return {}
+
+
+def tokens_per_image(mc, folder: str) -> str | None:
+    """How many tokens an image becomes, from the config and the processor's settings (or None: unknown)."""
+    v = getattr(mc, "vision_config", None)
+    if getattr(mc, "mm_tokens_per_image", None):  # Gemma 3: fixed, the image resized to the tower's size
+        size = getattr(v, "image_size", None)
+        return f"{mc.mm_tokens_per_image} tokens per image" + (f" ({size}x{size} pixels)" if size else "")
+    merge, patch = getattr(v, "spatial_merge_size", None), getattr(v, "patch_size", None)
+    if merge and patch:  # Qwen-VL: by resolution, between the processor's min and max pixels
+        ip = _processor_json(folder)
+        size = ip.get("size") if isinstance(ip.get("size"), dict) else {}
+        lo = ip.get("min_pixels") or size.get("shortest_edge") or 56 * 56
+        hi = ip.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280
+        per = (patch * merge) ** 2
+        return (f"{max(1, lo // per)}-{hi // per} tokens per image by its resolution (min_pixels {lo:,}, "
+                f"max_pixels {hi:,}: {per} pixels a token)")
+    return None
+
+
+def plan_note(cfg, mc, folder: str, tower_params: int) -> str:
+    """`--plan`'s line on a vision-language model: image tokens, the tower, which parts train."""
+    tokens = tokens_per_image(mc, folder) or "tokens per image unknown for this family"
+    trains = ", ".join(cfg.vision.train)
+    frozen = "vision" not in cfg.vision.train and "projector" not in cfg.vision.train
+    return (f"vision-language model ({mc.model_type}): image rows give {tokens}, inside data.max_seq_length; "
+            f"vision tower and projector {tower_params:,} parameters, counted as frozen weights"
+            + ("" if frozen else " (vision.train trains them: their gradients, optimizer state and the tower's "
+               "activations are not counted yet)") + f"; vision.train: {trains}")

@@ -8,6 +8,7 @@ from trl import SFTTrainer
 from toolbox_train.objectives import sft_config
 from toolbox_train.training import trainer as core
 from toolbox_train.training.step_metrics import DeferredStepMetrics
+from toolbox_train.training import vision
 from toolbox_train.training.vision import VisionCollator
 from toolbox_train.data.images import FORMAT as VISION_FORMAT
 
@@ -24,6 +25,11 @@ class ToolboxSFTTrainer(core.Toolbox, DeferredStepMetrics, SFTTrainer):
         from transformers import Trainer as HFTrainer
 
         return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        if vision.converted_resume(model or self.model):  # a whole VLM: its checkpoint's names are not its own
+            return vision.load_converted(model or self.model, resume_from_checkpoint)
+        return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
 
 def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt: str = "text", rewards=None):

@@ -22,6 +22,7 @@ from toolbox_train.runs.folder import RESOLVED_CONFIG
 from toolbox_train.contract import UserError
 from toolbox_train.guards import cannot_make, unwritable
 from toolbox_train.planning import heads
+from toolbox_train.models.vision import plan_note as vision_note
 from toolbox_train.config.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 
 # Files `launch` writes into the output folder before finetune starts.
@@ -339,6 +340,8 @@ def _checks(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_s
                        f"{precision} (what is installed here does not matter)")
     memory_plan(p, fsdp, device_memory, probe_device and gpu and machine is None, refuse,
                 unified=bool(machine and machine.unified))
+    if p.multimodal and p.memory is not None:  # image tokens and the tower (models/vision.py)
+        p.notes.append(vision_note(cfg, mc, model_path, p.memory.shape.extra_params))
     if cfg.train.per_device_batch_size == "auto":  # the plan could not pick one (no shape): the safe choice
         cfg.train.per_device_batch_size = 1
         p.notes.append("train.per_device_batch_size: auto -> 1 (no memory plan for this model)")

@@ -116,12 +116,7 @@ def load_vision(p: Plan, dist: Dist):
     if c.method == "full":
         vision.set_trainable(model, train)
         return model, proc, None
-    from peft import LoraConfig
-
-    extra = vision.projector_modules(model) if "projector" in train else []
-    return model, proc, LoraConfig(r=c.lora.r, lora_alpha=c.lora.alpha, lora_dropout=c.lora.dropout, bias="none",
-                                   target_modules=vision.lora_target_regex(train, c.lora.target_modules),
-                                   modules_to_save=extra or None, task_type="CAUSAL_LM")
+    return model, proc, peft_config(p)  # targets by module path (models/lora.py, models/vision.py)
 
 
 def load(p: Plan, dist: Dist, fmt: str = "text"):

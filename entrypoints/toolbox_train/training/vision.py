@@ -111,3 +111,27 @@ class VisionCollator:
             if torch.is_tensor(v) and v.dim() == 2 and v.shape[1] == n and key not in ("pixel_values",):
                 batch[key] = v[:, :self.max_length]
         return batch
+
+
+def converted_resume(model) -> bool:
+    """A whole vision-language model (not a PEFT adapter) whose checkpoints are saved under other names than
+    its parameters': transformers 5.17's Trainer loads them with load_state_dict and, finding none of its
+    names, warns and trains on from the base weights (transformers issue 43701)."""
+    from peft import PeftModel
+
+    return not isinstance(model, PeftModel) and bool(getattr(model, "_weight_conversions", None)) \
+        and getattr(model.config, "vision_config", None) is not None
+
+
+def load_converted(model, checkpoint: str) -> None:
+    """The checkpoint's weights into `model`, read back through from_pretrained (which renames them)."""
+    from transformers import AutoModelForImageTextToText
+
+    dtype = next(model.parameters()).dtype
+    saved = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=dtype, device_map="cpu").state_dict()
+    missing, unexpected = model.load_state_dict(saved, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:  # never train on from weights the checkpoint did not give
+        raise RuntimeError(f"{checkpoint}: the checkpoint's weights do not fit the model: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
