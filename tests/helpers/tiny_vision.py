@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from helpers.tiny import _sentences, make_tokenizer
+from .tiny import _sentences, make_tokenizer
 
 FAMILIES = ("gemma3", "qwen2.5-vl")
 GEMMA_TOKENS = {"boi_token": "<boi>", "eoi_token": "<eoi>", "image_token": "<image>"}
