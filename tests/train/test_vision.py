@@ -130,6 +130,14 @@ def test_lora_adapts_modules_by_path(tmp_path, tiny_vlms, family):
     assert keys and {part_of(k) for k in keys} == {"language"}
     merged = AutoModelForImageTextToText.from_pretrained(out / "merged")
     assert not any("lora_" in k for k in merged.state_dict())
+    # The merged model answers an image prompt through the processor saved beside it.
+    proc = load_processor(str(out / "merged"))
+    row = json.loads(data.read_text().splitlines()[0])
+    prompt = proc.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
+    inputs = proc(text=[prompt], images=[[load_image(str(data.parent / row["images"][0]))]], return_tensors="pt",
+                  add_special_tokens=False)
+    answer = merged.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert answer.shape[1] == inputs["input_ids"].shape[1] + 4
 
     out2 = tmp_path / "out2"
     finetune.run(train_config(model_dir, data, out2, **{
@@ -218,3 +226,27 @@ def test_plan_shows_image_tokens_and_the_tower(tmp_path, capsys, family, tokens)
     # Gemma 3's real one lacks: the arithmetic leaves it out)
     assert tower == pytest.approx(real, rel=0.01 if family == "qwen2.5-vl" else 0.3)
     assert not (tmp_path / "out").exists()
+
+
+def test_image_and_text_sources_mix(tmp_path, tiny_vlms):
+    """A mixture of image rows, text conversations and alpaca rows trains as image rows; a batch holding an
+    image row and a text row is labelled exactly."""
+    from helpers.tiny import write_dataset
+    from toolbox_train.data.dataset import load_datasets
+    from toolbox_train.config.schema import TrainConfig
+
+    model_dir = tiny_vlms("gemma3")
+    srcs = [write_image_dataset(tmp_path / "img" / "train.jsonl", n=6), write_dataset(tmp_path / "chat.jsonl",
+            "messages", n=6), write_dataset(tmp_path / "alpaca.jsonl", "alpaca", n=6)]
+    cfg = train_config(model_dir, srcs[0], tmp_path / "out", **{"train.max_steps": 2, "data.max_seq_length": 128})
+    cfg["data"] = {"sources": [{"path": str(s)} for s in srcs], "max_seq_length": 128}
+    train, _, fmt = load_datasets(TrainConfig.model_validate(cfg), tmp_path)
+    assert fmt == "vision" and len(train) == 18
+    rows = [train[0], train[6], train[12]]
+    assert [len(r["images"]) for r in rows] == [1, 0, 0]
+    proc = load_processor(str(model_dir))
+    batch = VisionCollator(proc, 256)(rows)
+    assert torch.equal(batch["labels"], _expected(proc.tokenizer, batch["input_ids"], batch["attention_mask"],
+                                                  image_token_ids(proc)))
+    assert batch["pixel_values"].shape[0] == 1
+    assert finetune.run(cfg)["steps"] == 2

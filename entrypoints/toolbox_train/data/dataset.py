@@ -260,12 +260,19 @@ def _alpaca_chat(row: dict[str, Any]) -> dict[str, Any]:
     return {CHAT: [{"role": "user", "content": user}, {"role": "assistant", "content": str(row["output"])}]}
 
 
+def _as_parts(row: dict[str, Any]) -> dict[str, Any]:
+    parts = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in row["messages"]]
+    return {"messages": parts, images.COLUMN: []}
+
+
 def _shaper(src, target: str):
     """shape(), or for an alpaca source in a chat mixture its rows as conversations."""
 
     def shaper(ds, fmt):
-        if fmt == "alpaca" and target == CHAT:
-            return ds.map(_alpaca_chat, remove_columns=ds.column_names), CHAT
+        if fmt == "alpaca" and target in (CHAT, images.FORMAT):
+            ds, fmt = ds.map(_alpaca_chat, remove_columns=ds.column_names), CHAT
+        if fmt == CHAT and target == images.FORMAT:  # text conversations beside image rows (_cast gives their form)
+            return shape(ds, fmt, src.text_field, src.path), target
         return shape(ds, fmt, src.text_field, src.path), fmt
 
     return shaper
@@ -278,10 +285,12 @@ def _target(fmts: list[str]) -> str:
         return fmts[0]
     if kinds == {CHAT, "alpaca"}:
         return CHAT
+    if images.FORMAT in kinds and kinds <= {images.FORMAT, CHAT, "alpaca"}:
+        return images.FORMAT  # image rows and conversations: the text ones as image rows without images
     first = fmts[0]
     i = next(i for i, f in enumerate(fmts) if f != first)
     raise UserError(f"data.sources.{i}.format: {fmts[i]} rows do not mix with the {first} rows of data.sources.0 "
-                    "(sources mix when they share a format, or are chat (messages) and alpaca rows)")
+                    "(sources mix when they share a format, or are chat (messages), image (vision) and alpaca rows)")
 
 
 def _cast(parts: list[tuple[int, Any]], ref) -> list:
@@ -290,7 +299,9 @@ def _cast(parts: list[tuple[int, Any]], ref) -> list:
     for i, ds in parts:
         if ds.features != ref.features:
             try:
-                ds = ds.cast(ref.features)
+                # text conversations beside image rows: their turns as text parts, no images
+                ds = ds.map(_as_parts, features=ref.features) if images.COLUMN not in ds.column_names \
+                    and images.COLUMN in ref.column_names else ds.cast(ref.features)
             except Exception as exc:  # columns or types that cannot be cast (datasets/pyarrow errors)
                 raise UserError(f"data.sources.{i}: its rows' columns {dict(ds.features)} differ from "
                                 f"data.sources.0's {dict(ref.features)} ({first_line(exc)[:200]})") from None

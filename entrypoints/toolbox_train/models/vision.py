@@ -94,7 +94,7 @@ def row_problems(proc, rows, locate) -> list[tuple[str, str]]:
     marker; the model fails later), or its turns are not prefixes of the whole (the labels need them)."""
     bad = []
     for i, row in enumerate(rows):
-        msgs, n = row["messages"], len(row["images"] or [])
+        msgs, n = row["messages"], len(row.get("images") or [])  # a text source of a mixture has none
         try:
             text = proc.apply_chat_template(msgs, tokenize=False)
             marks = marker_count(proc, text)
