@@ -116,3 +116,30 @@ def test_embedded_and_relative_images_train(tmp_path, tiny_vlms):
     cfg = write_train_config(tmp_path / "t2.yaml", tiny_vlms("gemma3"), rel, tmp_path / "out2",
                              **{"train.max_steps": 1, "data.max_seq_length": 128})
     assert finetune.main(["--config", str(cfg)]) == 0
+
+
+@pytest.mark.parametrize("form", ["parquet", "saved"])
+def test_image_features_of_datasets(tmp_path, tiny_vlms, form, capsys):
+    """Rows written by `datasets` with its Image feature (Parquet, save_to_disk): the images come as bytes,
+    checked as JSONL's are (a bad one named by its row), and train."""
+    import datasets
+    from PIL import Image
+
+    rs = image_rows(4, tmp_path / "src" / "images")
+    feats = datasets.Features({"messages": datasets.List({"role": datasets.Value("string"), "content": datasets.List(
+        {"type": datasets.Value("string"), "text": datasets.Value("string")})}), "images": datasets.List(datasets.Image())})
+    for r in rs:
+        r["images"] = [Image.open(tmp_path / "src" / p) for p in r["images"]]
+    ds = datasets.Dataset.from_list(rs, features=feats)
+    data = tmp_path / ("train.parquet" if form == "parquet" else "saved")
+    ds.to_parquet(str(data)) if form == "parquet" else ds.save_to_disk(str(data))
+    cfg = write_train_config(tmp_path / "t.yaml", tiny_vlms("gemma3"), data, tmp_path / "out",
+                             **{"train.max_steps": 1, "data.max_seq_length": 128})
+    assert finetune.main(["--config", str(cfg)]) == 0
+    bad = ds.cast_column("images", datasets.List(datasets.Image(decode=False))).map(
+        lambda r, i: {"images": [{"bytes": b"not a png", "path": None}] if i == 2 else r["images"]}, with_indices=True)
+    data2 = tmp_path / ("bad.parquet" if form == "parquet" else "bad")
+    bad.to_parquet(str(data2)) if form == "parquet" else bad.save_to_disk(str(data2))
+    cfg = write_train_config(tmp_path / "t2.yaml", tiny_vlms("gemma3"), data2, tmp_path / "out2")
+    assert finetune.main(["--config", str(cfg)]) == 2
+    assert "row 3: images[0]: embedded image: not an image Pillow can read" in capsys.readouterr().err

@@ -123,6 +123,7 @@ def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field
         ds, where = _load_hub(path, split, field), path
     else:
         raise UserError(f"{field}: {path}: no such file or folder")
+    ds = images.undecoded(ds)  # image features left undecoded: checked as JSONL's images are
     if len(ds) == 0:
         raise UserError(f"{field}: {path}: the dataset is empty")
     if columns:

@@ -123,6 +123,17 @@ def open_problem(src: Path | bytes, max_pixels: int = MAX_PIXELS) -> str | None:
     return None
 
 
+def undecoded(ds):
+    """A dataset whose `images` are `datasets` Image features (Parquet or save_to_disk written by `datasets`)
+    with them left as {bytes, path}: checked and kept as the JSONL forms are, never decoded to PIL here."""
+    import datasets
+
+    feat = ds.features.get(COLUMN) if COLUMN in ds.column_names else None
+    if isinstance(getattr(feat, "feature", None), datasets.Image):
+        return ds.cast_column(COLUMN, datasets.List(datasets.Image(decode=False)))
+    return ds
+
+
 def resolve(ds, base: Path, locate: Callable[[int], str]):
     """(dataset, bad rows): every row's images opened (paths relative to `base`, the data file's folder) and
     kept as strings (absolute path or base64:...); `bad`: (where, why) of each bad row, for rowcheck.refuse."""
