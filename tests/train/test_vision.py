@@ -112,6 +112,8 @@ def test_full_finetune_trains_the_parts_named(tmp_path, tiny_vlms, family, parts
     model = AutoModelForImageTextToText.from_pretrained(out)  # loads as an image-text model, its processor beside
     assert type(model).__name__.endswith("ForConditionalGeneration")
     assert load_processor(str(out)).image_processor is not None
+    card = (out / "README.md").read_text()  # the model card says what it is
+    assert "pipeline_tag: image-text-to-text" in card and f"the parts trained: {', '.join(parts)}" in card
 
 
 @pytest.mark.parametrize("family", FAMILIES)
