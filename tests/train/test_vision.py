@@ -252,3 +252,47 @@ def test_image_and_text_sources_mix(tmp_path, tiny_vlms):
                                                   image_token_ids(proc)))
     assert batch["pixel_values"].shape[0] == 1
     assert finetune.run(cfg)["steps"] == 2
+
+
+@pytest.mark.parametrize("parts", [["language"], ["language", "vision"]])
+def test_unsloth_vision_calls(tmp_path, tiny_vlms, monkeypatch, parts):
+    """Backend unsloth on image rows: FastVisionModel, called with the keyword names of Unsloth's real
+    from_pretrained / get_peft_model (a stand-in module: Unsloth raises on import without a GPU)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from train.test_unsloth_calls import FROM_PRETRAINED, GET_PEFT
+    from toolbox_train.training import loading
+
+    calls = []
+
+    class FastVisionModel:
+        @staticmethod
+        def from_pretrained(**kw):
+            assert set(kw) <= FROM_PRETRAINED, set(kw) - FROM_PRETRAINED
+            calls.append(("from_pretrained", kw))
+            from transformers import AutoModelForImageTextToText
+
+            return AutoModelForImageTextToText.from_pretrained(kw["model_name"]), load_processor(kw["model_name"])
+
+        @staticmethod
+        def get_peft_model(model, **kw):
+            assert set(kw) <= GET_PEFT, set(kw) - GET_PEFT
+            calls.append(("get_peft_model", kw))
+            return model
+
+    mod = types.ModuleType("unsloth")
+    mod.__spec__ = importlib.machinery.ModuleSpec("unsloth", None)
+    mod.FastVisionModel = FastVisionModel
+    monkeypatch.setitem(sys.modules, "unsloth", mod)
+    data = write_image_dataset(tmp_path / "d" / "train.jsonl", n=2)
+    p = finetune.plan(train_config(tiny_vlms("gemma3"), data, tmp_path / "o", method="lora",
+                                   **{"lora.r": 4, "vision.train": parts}))
+    p.backend, p.precision = "unsloth", "bf16"  # what plan picks on a GPU with unsloth installed
+    model, proc, peft_cfg = loading.load(p, finetune.Dist(), "vision")
+    assert peft_cfg is None and proc.image_processor is not None
+    (f1, kw1), (f2, kw2) = calls
+    assert (f1, f2) == ("from_pretrained", "get_peft_model")
+    assert kw1["load_in_16bit"] is True and kw1["full_finetuning"] is False
+    assert kw2["finetune_vision_layers"] is ("vision" in parts) and kw2["finetune_language_layers"] is True

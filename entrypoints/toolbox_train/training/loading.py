@@ -19,8 +19,20 @@ def torch_dtype(p: Plan):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[p.precision]
 
 
-def load_hf(p: Plan, dist: Dist):
+def quantization(p: Plan) -> dict[str, Any]:
+    """from_pretrained's quantization_config for qlora / lora-8bit (bitsandbytes), else nothing."""
+    if p.cfg.method not in ("qlora", "lora-8bit"):
+        return {}
     import torch
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": (
+        BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                           bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+        if p.cfg.method == "qlora" else BitsAndBytesConfig(load_in_8bit=True))}
+
+
+def load_hf(p: Plan, dist: Dist):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw: dict[str, Any] = dict(revision=p.cfg.model.revision, trust_remote_code=p.cfg.model.trust_remote_code,
@@ -29,13 +41,7 @@ def load_hf(p: Plan, dist: Dist):
         kw["attn_implementation"] = p.cfg.model.attn_implementation
     if p.gpu and not using_fsdp():
         kw["device_map"] = {"": dist.local_rank}  # each DDP rank on its own device
-    if p.cfg.method in ("qlora", "lora-8bit"):
-        from transformers import BitsAndBytesConfig
-
-        kw["quantization_config"] = (
-            BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                               bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
-            if p.cfg.method == "qlora" else BitsAndBytesConfig(load_in_8bit=True))
+    kw.update(quantization(p))
     tok = AutoTokenizer.from_pretrained(p.model_path, revision=p.cfg.model.revision,
                                         trust_remote_code=p.cfg.model.trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(p.model_path, **kw)
@@ -92,19 +98,21 @@ def load_vision(p: Plan, dist: Dist):
 
     c, train = p.cfg, p.cfg.vision.train
     proc = vision.load_processor(p.model_path, c.model.revision, c.model.trust_remote_code)
-    if p.backend == "unsloth":  # FastVisionModel: untested here (Unsloth needs a GPU)
+    if p.backend == "unsloth":  # FastVisionModel: checked against a stand-in only (Unsloth needs a GPU)
         from unsloth import FastVisionModel
 
+        gc = "unsloth" if p.gradient_checkpointing in (True, "unsloth") else False
         model, proc = FastVisionModel.from_pretrained(
-            p.model_path, dtype=None if p.precision == "fp32" else torch_dtype(p), load_in_4bit=c.method == "qlora",
-            load_in_8bit=c.method == "lora-8bit", full_finetuning=c.method == "full", revision=c.model.revision,
-            use_gradient_checkpointing="unsloth" if p.gradient_checkpointing else False,
-            trust_remote_code=c.model.trust_remote_code)
-        if c.method != "full":
+            model_name=p.model_path, max_seq_length=c.data.max_seq_length,
+            dtype=None if p.precision == "fp32" else torch_dtype(p), load_in_4bit=c.method == "qlora",
+            load_in_8bit=c.method == "lora-8bit", load_in_16bit=c.method == "lora", full_finetuning=c.method == "full",
+            device_map={"": dist.local_rank} if dist.world_size > 1 else "sequential", use_gradient_checkpointing=gc,
+            trust_remote_code=c.model.trust_remote_code, revision=c.model.revision)
+        if c.method != "full":  # Unsloth's switches: the projector goes with its vision layers
             model = FastVisionModel.get_peft_model(
                 model, finetune_vision_layers="vision" in train, finetune_language_layers="language" in train,
                 finetune_attention_modules=True, finetune_mlp_modules=True, r=c.lora.r, lora_alpha=c.lora.alpha,
-                lora_dropout=c.lora.dropout, bias="none", random_state=c.train.seed)
+                lora_dropout=c.lora.dropout, bias="none", use_gradient_checkpointing=gc, random_state=c.train.seed)
         return model, proc, None
     kw: dict[str, Any] = dict(revision=c.model.revision, trust_remote_code=c.model.trust_remote_code,
                               dtype=torch_dtype(p))
@@ -112,6 +120,7 @@ def load_vision(p: Plan, dist: Dist):
         kw["attn_implementation"] = c.model.attn_implementation
     if p.gpu and not using_fsdp():
         kw["device_map"] = {"": dist.local_rank}
+    kw.update(quantization(p))  # QLoRA: the vision tower quantized too (untested here: bitsandbytes needs a GPU)
     model = AutoModelForImageTextToText.from_pretrained(p.model_path, **kw)
     if c.method == "full":
         vision.set_trainable(model, train)
