@@ -143,3 +143,27 @@ def test_image_features_of_datasets(tmp_path, tiny_vlms, form, capsys):
     cfg = write_train_config(tmp_path / "t2.yaml", tiny_vlms("gemma3"), data2, tmp_path / "out2")
     assert finetune.main(["--config", str(cfg)]) == 2
     assert "row 3: images[0]: embedded image: not an image Pillow can read" in capsys.readouterr().err
+
+
+def test_a_pixel_budget_the_processor_cannot_honour(rows, tiny_vlms, capsys):
+    tmp_path, rs = rows
+    data = _write(tmp_path / "train.jsonl", rs)
+    _refused(tmp_path, capsys, tiny_vlms("gemma3"), data, "vision.max_pixels: Gemma3ImageProcessorPil takes no pixel "
+             "budget (it resizes every image to 28x28", **{"vision.max_pixels": 50176})
+    _refused(tmp_path, capsys, tiny_vlms("gemma3"), data, "vision.max_pixels: 100 is below vision.min_pixels (200)",
+             **{"vision.max_pixels": 100, "vision.min_pixels": 200})
+
+
+def test_plan_counts_tokens_under_the_budget(tmp_path, capsys):
+    from helpers.tiny import train_config
+    from helpers.tiny_vision import make_tiny_vlm
+
+    model_dir = make_tiny_vlm(tmp_path / "q", "qwen2.5-vl")
+    data = write_image_dataset(tmp_path / "d" / "train.jsonl", n=2)
+    cfg = tmp_path / "t.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump(train_config(model_dir, data, tmp_path / "out",
+                                               **{"vision.min_pixels": 3136, "vision.max_pixels": 802816})))
+    assert finetune.main(["--config", str(cfg), "--plan"]) == 0
+    assert "4-1024 tokens per image by its resolution (min_pixels 3,136, max_pixels 802,816" in capsys.readouterr().out

@@ -240,6 +240,18 @@ class VisionCfg(_Strict):
         ["language"], min_length=1, description="the parts that train on image rows: language (the language "
         "model), vision (the vision tower), projector (the vision-to-text projection); the vision tower frozen "
         "by default, as the peers have it")
+    min_pixels: int | None = Field(None, gt=0, description="Qwen-VL: an image is scaled up to at least this many "
+                                   "pixels (null: the processor's own)")
+    max_pixels: int | None = Field(None, gt=0, description="Qwen-VL: an image is scaled down to at most this many "
+                                   "pixels, which bounds its tokens (null: the processor's own)")
+
+    @field_validator("max_pixels")
+    @classmethod
+    def _budget(cls, v, info):
+        lo = info.data.get("min_pixels")
+        if v is not None and lo is not None and v < lo:
+            raise ValueError(f"{v} is below vision.min_pixels ({lo})")
+        return v
 
 
 class TrainConfig(_Strict):

@@ -66,12 +66,39 @@ def lora_target_regex(train, target_modules) -> str:
 PROJECTOR_MODULES = ("multi_modal_projector", "visual.merger", "connector", "mm_projector")
 
 
-def load_processor(path: str, revision: str | None = None, trust_remote_code: bool = False):
-    """The model folder's processor (a ProcessorMixin with an image processor), or UserError."""
+def budget(cfg) -> dict[str, int]:
+    """vision.min_pixels / max_pixels, as the processor's keyword arguments (only those set)."""
+    v = cfg.vision
+    return {k: getattr(v, k) for k in ("min_pixels", "max_pixels") if getattr(v, k) is not None}
+
+
+def budget_problem(proc, cfg) -> str | None:
+    """A resolution budget the image processor cannot honour: one without min/max pixels (Gemma 3 resizes every
+    image to its tower's size), or a max_pixels below one token's pixels."""
+    want = budget(cfg)
+    if not want:
+        return None
+    ip = proc.image_processor
+    field = f"vision.{next(iter(want))}"
+    size = getattr(ip, "size", None)
+    if not (hasattr(ip, "merge_size") and getattr(size, "longest_edge", None)):  # Qwen-VL's: pixels, merged patches
+        shown = f"{size.height}x{size.width}" if getattr(size, "height", None) else str(size)
+        return (f"{field}: {type(ip).__name__} takes no pixel budget (it resizes every image to {shown}, a fixed "
+                "number of tokens); leave vision.min_pixels / max_pixels out for this model")
+    per = (getattr(ip, "patch_size", 14) * getattr(ip, "merge_size", 2)) ** 2
+    if want.get("max_pixels", per) < per:
+        return f"vision.max_pixels: {want['max_pixels']} is below one image token ({per} pixels)"
+    return None
+
+
+def load_processor(path: str, revision: str | None = None, trust_remote_code: bool = False, **budget_kw):
+    """The model folder's processor (a ProcessorMixin with an image processor), or UserError. `budget_kw`:
+    min_pixels / max_pixels for the image processor (budget())."""
     from transformers import AutoProcessor, ProcessorMixin
 
     try:
-        proc = AutoProcessor.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        proc = AutoProcessor.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code,
+                                             **budget_kw)
     except Exception as exc:  # a missing preprocessor/processor config; Qwen-VL's video processor without torchvision
         raise UserError(f"model.path: {path}: cannot load the model's processor for image rows: "
                         f"{first_line(exc)[:300]}") from None
@@ -134,15 +161,16 @@ def _processor_json(folder: str) -> dict:
     return {}
 
 
-def tokens_per_image(mc, folder: str) -> str | None:
-    """How many tokens an image becomes, from the config and the processor's settings (or None: unknown)."""
+def tokens_per_image(mc, folder: str, want: dict | None = None) -> str | None:
+    """How many tokens an image becomes, from the config and the processor's settings (`want`: vision.min_pixels /
+    max_pixels where set), or None: unknown."""
     v = getattr(mc, "vision_config", None)
     if getattr(mc, "mm_tokens_per_image", None):  # Gemma 3: fixed, the image resized to the tower's size
         size = getattr(v, "image_size", None)
         return f"{mc.mm_tokens_per_image} tokens per image" + (f" ({size}x{size} pixels)" if size else "")
     merge, patch = getattr(v, "spatial_merge_size", None), getattr(v, "patch_size", None)
     if merge and patch:  # Qwen-VL: by resolution, between the processor's min and max pixels
-        ip = _processor_json(folder)
+        ip = {**_processor_json(folder), **(want or {})}
         size = ip.get("size") if isinstance(ip.get("size"), dict) else {}
         lo = ip.get("min_pixels") or size.get("shortest_edge") or 56 * 56
         hi = ip.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280
@@ -154,7 +182,7 @@ def tokens_per_image(mc, folder: str) -> str | None:
 
 def plan_note(cfg, mc, folder: str, tower_params: int) -> str:
     """`--plan`'s line on a vision-language model: image tokens, the tower, which parts train."""
-    tokens = tokens_per_image(mc, folder) or "tokens per image unknown for this family"
+    tokens = tokens_per_image(mc, folder, budget(cfg)) or "tokens per image unknown for this family"
     trains = ", ".join(cfg.vision.train)
     frozen = "vision" not in cfg.vision.train and "projector" not in cfg.vision.train
     return (f"vision-language model ({mc.model_type}): image rows give {tokens}, inside data.max_seq_length; "

@@ -139,7 +139,11 @@ def check_image_rows(p: Plan, ds, locate: Locate, field: str) -> None:
     if p.cfg.data.packing:
         raise UserError("data.packing: image rows are not packed (an image's tokens and pixels belong to one row, "
                         "and TRL packs token ids only); set it to false")
-    proc = vision.load_processor(p.model_path, p.cfg.model.revision, p.cfg.model.trust_remote_code)
+    proc = vision.load_processor(p.model_path, p.cfg.model.revision, p.cfg.model.trust_remote_code,
+                                 **vision.budget(p.cfg))
+    why = vision.budget_problem(proc, p.cfg)
+    if why:
+        raise UserError(why)
     bad = vision.row_problems(proc, ds, locate)
     refuse(bad[:NAMED], len(bad), len(ds), field)
 

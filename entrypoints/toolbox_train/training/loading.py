@@ -97,12 +97,12 @@ def load_vision(p: Plan, dist: Dist):
     from toolbox_train.models import vision
 
     c, train = p.cfg, p.cfg.vision.train
-    proc = vision.load_processor(p.model_path, c.model.revision, c.model.trust_remote_code)
+    proc = vision.load_processor(p.model_path, c.model.revision, c.model.trust_remote_code, **vision.budget(c))
     if p.backend == "unsloth":  # FastVisionModel: checked against a stand-in only (Unsloth needs a GPU)
         from unsloth import FastVisionModel
 
         gc = "unsloth" if p.gradient_checkpointing in (True, "unsloth") else False
-        model, proc = FastVisionModel.from_pretrained(
+        model, _ = FastVisionModel.from_pretrained(  # the processor: ours, with the budget the checks saw
             model_name=p.model_path, max_seq_length=c.data.max_seq_length,
             dtype=None if p.precision == "fp32" else torch_dtype(p), load_in_4bit=c.method == "qlora",
             load_in_8bit=c.method == "lora-8bit", load_in_16bit=c.method == "lora", full_finetuning=c.method == "full",
