@@ -167,3 +167,10 @@ def test_plan_counts_tokens_under_the_budget(tmp_path, capsys):
                                                **{"vision.min_pixels": 3136, "vision.max_pixels": 802816})))
     assert finetune.main(["--config", str(cfg), "--plan"]) == 0
     assert "4-1024 tokens per image by its resolution (min_pixels 3,136, max_pixels 802,816" in capsys.readouterr().out
+
+
+def test_lora_on_the_projector_alone(rows, tiny_vlms, capsys):
+    tmp_path, rs = rows
+    _refused(tmp_path, capsys, tiny_vlms("gemma3"), _write(tmp_path / "train.jsonl", rs),
+             "vision.train: LoRA adapts the language model or the vision tower; [projector] alone",
+             **{"method": "lora", "vision.train": ["projector"]})

@@ -1,6 +1,6 @@
-"""The processor of a vision-language model, and which parts of it train on image rows (vision.train: language, vision, projector),
-told by module path: SigLIP's and Qwen's vision blocks reuse the language model's q_proj/gate_proj/...
-names, so LoRA targets are chosen by path, never by name alone."""
+"""The processor of a vision-language model, and which of its parts train on image rows (vision.train:
+language, vision, projector), told by module path: SigLIP's and Qwen's vision blocks reuse the language
+model's q_proj/gate_proj/... names, so LoRA targets are chosen by path, never by name alone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from toolbox_train.contract import UserError, first_line
 from toolbox_train.models.arithmetic import LORA_ALL_LINEAR
 
 PARTS = ("language", "vision", "projector")
-DEFAULT_TRAIN = ("language",)  # the peers' default (LLaMA-Factory, TRL's VLM recipes): the vision tower frozen
 # Module paths of each part, by family: Gemma 3 / Llava (vision_tower, multi_modal_projector), Qwen2/2.5/3-VL
 # (visual.blocks..., its patch merger the projector), Idefics/SmolVLM (vision_model, connector).
 PROJECTOR_PATHS = r"multi_modal_projector|visual\.merger|connector|mm_projector"

@@ -141,7 +141,10 @@ def check_image_rows(p: Plan, ds, locate: Locate, field: str) -> None:
                         "and TRL packs token ids only); set it to false")
     proc = vision.load_processor(p.model_path, p.cfg.model.revision, p.cfg.model.trust_remote_code,
                                  **vision.budget(p.cfg))
-    why = vision.budget_problem(proc, p.cfg)
+    why = vision.budget_problem(proc, p.cfg) or (
+        p.cfg.method != "full" and not {"language", "vision"} & set(p.cfg.vision.train)
+        and "vision.train: LoRA adapts the language model or the vision tower; [projector] alone has nothing to "
+            "adapt (use method: full, or add language or vision)")
     if why:
         raise UserError(why)
     bad = vision.row_problems(proc, ds, locate)
