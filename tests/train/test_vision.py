@@ -104,8 +104,10 @@ def test_full_finetune_trains_the_parts_named(tmp_path, tiny_vlms, family, parts
     data = write_image_dataset(tmp_path / "d" / "train.jsonl", n=8)
     out = tmp_path / "out"
     s = finetune.run(train_config(model_dir, data, out, **{"train.max_steps": 4, "data.max_seq_length": 128,
-                                                            "vision.train": parts}))
+                                                            "vision.train": parts, "data.eval_split": 0.25,
+                                                            "output.eval_steps": 4}))
     assert s["steps"] == 4 and s["last_loss"] < s["first_loss"]
+    assert 0 < s["eval_loss"] < 20  # held-out image rows scored through the same collator
     before, after = _weights(model_dir / "model.safetensors"), _weights(out / "model.safetensors")
     changed = {part_of(k) for k in before if not torch.equal(before[k], after[k])}
     assert changed == set(parts)
