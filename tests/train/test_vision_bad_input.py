@@ -174,3 +174,17 @@ def test_lora_on_the_projector_alone(rows, tiny_vlms, capsys):
     _refused(tmp_path, capsys, tiny_vlms("gemma3"), _write(tmp_path / "train.jsonl", rs),
              "vision.train: LoRA adapts the language model or the vision tower; [projector] alone",
              **{"method": "lora", "vision.train": ["projector"]})
+
+
+def test_a_template_that_renders_no_image_markers(rows, tiny_vlms, capsys):
+    """A chat template without image parts (a text model's) renders no marker: the processor would take the image
+    for no place in the text (Qwen's accepts two images for one marker; the model fails later)."""
+    import shutil
+
+    tmp_path, rs = rows
+    model = tmp_path / "vlm"
+    shutil.copytree(tiny_vlms("gemma3"), model)
+    (model / "chat_template.jinja").write_text("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n"
+                                               "{% endfor %}")
+    _refused(tmp_path, capsys, model, _write(tmp_path / "train.jsonl", rs),
+             ":1: the chat template renders 0 image marker(s) for the row's 1 image(s)")
