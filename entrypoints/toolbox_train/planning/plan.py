@@ -151,8 +151,12 @@ def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, machine=None) -> str:
             # Measured (issue 24, H200, llama-1b shape, TRL 1.15): DPOTrainer + PEFT 13.1 pairs/s,
             # the same under Unsloth 2026.10.9 8.9 pairs/s: auto takes the faster path.
             return "hf"
-        if cfg.objective == "grpo" and cfg.grpo.generation == "vllm-colocate":
-            return "hf"  # TRL's colocate mode; Unsloth's GRPO wants its own fast_inference engine
+        if cfg.objective == "grpo":
+            # vllm-colocate: TRL's colocate mode (Unsloth's GRPO wants its own fast_inference engine). The
+            # others: hf runs the static sampler, 1.59 s a step against TRL's default 9.19 s (H100, llama-1b,
+            # LoRA, docs/preference.md); under Unsloth 2026.10.9 both samplers' rows stopped at step 1
+            # (2026-12-06, its max_seq_length was the prompt's: fixed in training/loading.py, not re-measured)
+            return "hf"
         return "unsloth" if (gpu and have_unsloth and not fsdp) else "hf"
     return "hf"
 

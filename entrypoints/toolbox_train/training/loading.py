@@ -53,6 +53,14 @@ def load_hf(p: Plan, dist: Dist):
     return model, tok, (peft_config(p) if p.cfg.method != "full" else None)
 
 
+def sequence_length(cfg) -> int:
+    """The longest sequence the model reads: GRPO scores prompt + completion. Unsloth sizes its model to
+    its max_seq_length and cuts longer inputs, which stopped GRPO at step 1 with a CUDA index assert
+    (H100, 2026-12-06: 384-token sequences under a limit of 136, docs/bench/2026-12-06-h100/grpo-unsloth)."""
+    extra = cfg.grpo.max_completion_length if cfg.objective == "grpo" else 0
+    return cfg.data.max_seq_length + extra
+
+
 def load_unsloth(p: Plan, dist: Dist):
     from unsloth import FastLanguageModel, FastModel
 
@@ -62,7 +70,7 @@ def load_unsloth(p: Plan, dist: Dist):
     use_gc = "unsloth" if gc in (True, "unsloth") else False
     model, tok = loader.from_pretrained(
         model_name=p.model_path,
-        max_seq_length=p.cfg.data.max_seq_length,
+        max_seq_length=sequence_length(p.cfg),
         dtype=None if p.precision == "fp32" else torch_dtype(p),
         load_in_4bit=p.cfg.method == "qlora",
         load_in_8bit=p.cfg.method == "lora-8bit",
