@@ -117,7 +117,7 @@ def test_torch_through_the_whl_next_redirect_never_takes_a_7x_wheel(repo, stack_
     assert s.torch.wheels["torch"] == want and s.torch.torch == "2.13.0+rocm10.0.0"
     assert all("rocm7" not in v for v in s.torch.wheels.values())
     after = stack_copy.read_text()
-    assert after.count("\n") == before.count("\n") and "# whl-next/ redirects" in after
+    assert after.count("\n") == before.count("\n") and "# wheels: the cp313 Linux files" in after
 
 
 @pytest.fixture()
@@ -163,3 +163,57 @@ def test_first_use_wheel_pin_follows_the_redirect(repo, tmp_path, monkeypatch):
     name = "torch-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX
     assert ref == (f"{repo}/pytorch/whl-next/torch/{name.replace('+', '%2B')}.whl#sha256="
                    + hashlib.sha256(f"wheel {name}".encode()).hexdigest())
+
+
+def _tarball(version: str, commit: str, hip: str) -> bytes:
+    """A TheRock dist tarball in little: its manifest and its HIP library's file name."""
+    import io
+    import json
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in {"share/therock/therock_manifest.json": json.dumps(
+                               {"submodules": [{"path": "rocm-systems", "commit": commit}]}).encode(),
+                           f"lib/libamdhip64.so.{hip}": b"elf"}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_rocm_to_the_next_10_x_line_writes_its_own_stack(repo, stack_copy, tmp_path):
+    """bump rocm --to 10.1 on a 10.0 stack: a new stack beside it with 10.1's own facts (issue 38)."""
+    www = tmp_path / "www" / "rocm"
+    commit = "c0ffee" + "0" * 34
+    data = _tarball("10.1.0", commit, "7.16.30101")
+    (www / "core" / "tarball" / "therock-dist-linux-gfx1151-10.1.0.tar.gz").write_bytes(data)
+    for project, f in [("torchvision", "torchvision-0.29.0a0+rocm10.1.0-cp313-cp313-" + LINUX),
+                       ("torchaudio", "torchaudio-2.11.0.3+rocm10.1.0-cp313-cp313-" + LINUX),
+                       ("amd-torch-device-gfx1151", "amd_torch_device_gfx1151-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX)]:
+        (www / "pytorch" / "whl-next" / project / f"{f}.whl").write_bytes(b"w")
+    # as 10.1.0's index has it (public install commands: torchaudio 2.11.0.3 beside torch 2.14.0)
+    (www / "pytorch" / "whl-next" / "torchaudio" / f"torchaudio-2.14.0+rocm10.1.0-cp313-cp313-{LINUX}.whl").unlink()
+    stack_copy.write_text(stack_copy.read_text().replace("index_url: https://stable.repo.amd.com/rocm/whl-next/",
+                                                         f"index_url: {repo}/whl-next/"))
+    before = stack_copy.read_text()
+    changes = bump("rocm", str(stack_copy), "10.1", index_url=f"{repo}/core/tarball/")
+    assert stack_copy.read_text() == before  # the 10.0 stack stays as it is
+    out = stack_copy.with_name("gfx1151-rocm10.1.yaml")  # the stack name with its line moved on
+    assert changes["stack"] == str(out)
+    s = load_stack(str(out))
+    assert s.rocm.version == "10.1.0" and s.rocm.tarball.sha256 == hashlib.sha256(data).hexdigest()
+    assert s.rccl.commit == commit and s.rocm.hip == "7.16"  # from its manifest and its libamdhip64
+    assert (s.torch.torch, s.torch.torchvision, s.torch.torchaudio) == (
+        "2.14.0+rocm10.1.0", "0.29.0a0+rocm10.1.0", "2.11.0.3+rocm10.1.0")
+    assert s.torch.wheels == {}  # the 10.0 URLs are not 10.1's: pinned on first use
+    from toolbox.components.bitsandbytes import rocm_library
+
+    assert rocm_library(s) == "libbitsandbytes_rocm716.so"  # what the image build checks bitsandbytes loads
+    from toolbox.render import render_dockerfile
+
+    text = render_dockerfile(s)  # it renders: RCCL at that commit, torch from the index (first use)
+    assert f"git-fetch.sh https://github.com/ROCm/rocm-systems {commit}" in text
+    assert "torch[device-gfx1151]==2.14.0+rocm10.1.0" in text and 'hip == "7.16"' in text
+    with pytest.raises(UserError, match="exists already"):
+        bump("rocm", str(stack_copy), "10.1", index_url=f"{repo}/core/tarball/")

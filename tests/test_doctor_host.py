@@ -99,6 +99,29 @@ def test_kernel_threshold(tmp_path, release, status):
     assert gpuhost.kernel_check(tree).status == status
 
 
+# AMD's Strix Halo page accepts Ubuntu 24.04 HWE >= 6.17.0-19.19~24.04.2 and OEM >= 6.14.0-1018 below 6.18.4.
+@pytest.mark.parametrize("release, signature, status", [
+    ("6.17.0-19-generic", "Ubuntu 6.17.0-19.19~24.04.2-generic 6.17.13", "ok"),
+    ("6.17.0-35-generic", "Ubuntu 6.17.0-35.35~24.04.1-generic 6.17.13", "ok"),
+    ("6.17.0-14-generic", "Ubuntu 6.17.0-14.14~24.04.1-generic 6.17.9", "fail"),
+    ("6.17.0-19-generic", None, "ok"),   # no version_signature: uname's ABI alone
+    ("6.17.0-14-generic", None, "fail"),
+    ("6.14.0-1018-oem", "Ubuntu 6.14.0-1018.18-oem 6.14.0", "ok"),
+    ("6.14.0-1017-oem", "Ubuntu 6.14.0-1017.17-oem 6.14.0", "fail"),
+    ("6.8.0-90-generic", "Ubuntu 6.8.0-90.91-generic 6.8.12", "fail"),
+    ("6.17.9-300.fc43.x86_64", None, "fail"),  # not Ubuntu's: 6.18.4 as elsewhere
+])
+def test_ubuntu_kernels_amd_accepts(tmp_path, release, signature, status):
+    tree = copy("strix-good", tmp_path)
+    (tree / "proc/sys/kernel/osrelease").write_text(release + "\n")
+    if signature:
+        (tree / "proc/version_signature").write_text(signature + "\n")
+    c = gpuhost.kernel_check(tree)
+    assert c.status == status, c
+    if status == "fail" and "fc43" not in release:
+        assert "6.17.0-19.19~24.04.2" in c.hint
+
+
 @pytest.mark.parametrize("text, status", [("0x00000083", "fail"), ("0x00000080", "ok"), ("0x00000086", "ok"),
                                           (None, "info"), ("garbage", "info")])
 def test_mes_versions(tmp_path, text, status):
@@ -122,10 +145,16 @@ def test_memory_setting_in_modprobe_conf_counts_only_when_in_effect(tmp_path):
     (tree / "sys/module/ttm/parameters/pages_limit").write_text("25165824\n")  # after the reboot
     c = gpuhost.memory_check(tree, gpu)
     assert c.status == "ok" and "in /etc/modprobe.d/ttm.conf" in c.detail
-    # the older knob, amdgpu's gttsize (MiB) as a module option, counts too
+    # the older knob, amdgpu's gttsize (MiB), counts where the live TTM limit is unreadable...
     tree2 = copy("strix-bad", tmp_path / "b")
     (tree2 / "sys/module/amdgpu/parameters/gttsize").write_text("98304\n")
+    (tree2 / "sys/module/ttm/parameters/pages_limit").unlink()
     assert gpuhost.memory_check(tree2, gpu).status == "ok"
+    # ...not where the live limit is still the RAM/2 default: deprecated, it raises nothing (unsloth #7878)
+    (tree2 / "sys/module/ttm/parameters/pages_limit").write_text("7936000\n")  # 30.3 GiB of 62 GiB
+    c = gpuhost.memory_check(tree2, gpu)
+    assert c.status == "fail" and "RAM/2 default" in c.detail and "amdgpu gttsize=98304 does not raise it" in c.detail
+    assert "ttm.pages_limit=" in c.hint and "#7878" in c.hint
 
 
 def test_gfx1151_found_by_pci_id_without_kfd_topology(tmp_path):

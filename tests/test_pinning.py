@@ -251,3 +251,20 @@ def test_first_use_pins_are_typed_updates_applied_without_reading_the_stack_agai
     # the same stack as the --set route of before, digest included
     again = load_stack(str(path), ["hf.peft=0.17.1", f"rocm.tarball.sha256={want}", "rocm.tarball.unverified=false"])
     assert pinned.model == again.model and pinned.digest() == again.digest()
+
+
+def test_an_unset_rccl_commit_is_pinned_to_the_tarballs_manifest(tmp_path, server, user):
+    # A release no public record gives the RCCL commit of (ROCm 10.1): its own TheRock manifest names it.
+    from toolbox.stack.load import load_stack, with_pins
+
+    server.body = make_tarball(OTHER_COMMIT)
+    stack = load_stack(str(stack_file(tmp_path, server.url, rccl="\n  commit: null\n  unverified: true")))
+    assert stack.model.rccl.commit is None
+    updates = pinning.first_use_pins(stack, engine="podman")
+    assert (("rccl", "commit"), OTHER_COMMIT) in [(u.path, u.value) for u in updates]
+    pinned = with_pins(stack, updates)
+    assert pinned.model.rccl.commit == OTHER_COMMIT and not pinned.unverified_pins()
+    # ...and from the pins file on the next build, without a download
+    again = pinning.first_use_pins(load_stack(str(stack_file(tmp_path, server.url, rccl="\n  commit: null\n  unverified: true"))),
+                                   engine="podman")
+    assert (("rccl", "commit"), OTHER_COMMIT) in [(u.path, u.value) for u in again] and server.hits == 1

@@ -8,6 +8,7 @@ the gfx1151 device wheels and rocm-sdk-*, as real (tiny) wheels whose metadata c
 way TheRock's do. Real pip and uv resolve the gfx1151-rocm10.0 stack's own requirements there:
 only rocm10 builds may come out. The control shows the trap is live on that index (a bare
 torch==2.13.0 gets the 7.15 build), so the test fails if the stack's pins stop being exact.
+That the image installs the whole set by URL from no index is tests/test_rocm10_wheelset.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from helpers.httpd import serve_folder
-from toolbox.components.torch import install_requirements, requirements
+from toolbox.components.torch import requirements
 from toolbox.stack.load import load_stack
 from toolbox.stack.pylock import lock_path
 
@@ -105,35 +106,6 @@ def test_pip_installs_only_rocm10_builds_from_the_stacks_requirements(index, tmp
     assert all(v == line(R10)[n][0] for n, v in got.items()), got
     # ...and an upgrade of what is there cannot move it either (pip's --upgrade compares as text too).
     assert pip_resolve(index, ["--upgrade", *reqs], tmp_path) == got
-
-
-def test_pip_takes_the_whole_rocm_set_from_the_stacks_urls_not_the_index(index, tmp_path):
-    """The image's torch step: every package of the ROCm line is a `name @ URL#sha256=` pin, so
-    pip takes each from its URL (checking the hash) and none from the index that holds both lines.
-    The stack's URLs are AMD's; here each points at this index's file of the same name and version."""
-    import hashlib
-    import urllib.request
-    from urllib.parse import unquote
-
-    from packaging.utils import parse_wheel_filename
-
-    reqs = []
-    for r in install_requirements(load_stack("gfx1151-rocm10.0")):
-        name, sep, url = r.partition(" @ ")
-        assert sep, f"{r}: not by URL: pip would take it from an index"
-        dist = name.split("[", 1)[0]
-        assert str(parse_wheel_filename(unquote(url.partition("#")[0].rsplit("/", 1)[1]))[1]) == line(R10)[dist][0]
-        here = f"{index}{dist}/{dist.replace('-', '_')}-{line(R10)[dist][0].replace('+', '%2B')}-py3-none-any.whl"
-        with urllib.request.urlopen(here) as resp:
-            reqs.append(f"{name} @ {here}#sha256={hashlib.sha256(resp.read()).hexdigest()}")
-    report = tmp_path / "report.json"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                        "--no-cache-dir", "--disable-pip-version-check", "--index-url", index, "--report", str(report),
-                        *reqs], capture_output=True, text=True, timeout=120,
-                       env={"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null"})
-    assert r.returncode == 0, r.stderr
-    got = {i["metadata"]["name"]: (i["metadata"]["version"], i["is_direct"]) for i in json.loads(report.read_text())["install"]}
-    assert got == {n: (v, True) for n, (v, _) in line(R10).items()}, got  # all of the line, each from its URL
 
 
 @pytest.mark.skipif(shutil.which("uv") is None and not Path(sys.executable).with_name("uv").exists(), reason="needs uv")

@@ -51,16 +51,19 @@ def test_torch_is_installed_by_url_and_sha256_with_the_device_extra():
     assert requirements(s) == ["torch[device-gfx1151]==2.13.0+rocm10.0.0",
                                "torchvision[device-gfx1151]==0.28.0+rocm10.0.0", "torchaudio==2.11.0.2+rocm10.0.0"]
     reqs = install_requirements(s)
-    assert reqs[0].startswith("torch[device-gfx1151] @ https://stable.repo.amd.com/rocm/pytorch/whl-next/torch/"
+    assert reqs[0].startswith("torch[device-gfx1151] @ https://stable.repo.amd.com/rocm/whl-next/torch/"
                               "torch-2.13.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=28cbb1dd")
     assert all("#sha256=" in r for r in reqs)
     assert s.base.python == "python3.13" and "torch" not in s.unverified_pins()
 
 
-# The wheels TheRock couples to this torch by exact versions, with the sha256s of the public
-# manifest the stack file names (cp313, Linux x86_64).
+# The wheels TheRock couples to this torch (by exact versions, but rocm-bootstrap), with the sha256s
+# of the public manifest the stack file names (cp313, Linux x86_64), and the `rocm` sdist.
 COUPLED = {
     "amd-torch-device-gfx1151": ("2.13.0+rocm10.0.0", "33dfb69b1d6d89127aec416d2891b205ed31d7ffb0a106aa45a54da7afd0c01d"),
+    "amd-torch-device-gfx115x": ("2.13.0+rocm10.0.0", "44b27db9d540e589f2b17a78ca227a832f70c95ff7f476927507fbda92b524e5"),
+    "rocm": ("10.0.0", "65b5982249612a310135f5e061b9f28909e8ad718a1ddb3f1abba92298b7216b"),
+    "rocm-bootstrap": ("0.1.0", "33e3d4dad086b1f0e06bc049a618ca874d4fb72f758fff00676e23d2a644b652"),
     "amd-torchvision-device-gfx1151": ("0.28.0+rocm10.0.0",
                                        "847738fbb85db7e3cd6e711565a314bd145e71bb15f3b9271004b9821d18f234"),
     "triton": ("3.8.0+git4cff872c.rocm10.0.0", "874f41046c50f84392c8481f074a2f96cfc1dc44a9b05e162246cb7f9175e588"),
@@ -73,7 +76,7 @@ COUPLED = {
 def test_the_whole_coupled_rocm_set_is_installed_by_url_and_sha256():
     """Not only torch/torchvision/torchaudio: their device wheels, triton and rocm-sdk-* too, so
     pip takes none of the ROCm set from an index (where +rocm7.x sorts above +rocm10.0.0)."""
-    from packaging.utils import canonicalize_name, parse_wheel_filename
+    from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
     from urllib.parse import unquote
 
     s = load_stack("gfx1151-rocm10.0")
@@ -83,8 +86,10 @@ def test_the_whole_coupled_rocm_set_is_installed_by_url_and_sha256():
     assert set(by_name) == {"torch", "torchvision", "torchaudio", *COUPLED}
     for name, (version, sha) in COUPLED.items():
         url, _, got = by_name[name].partition("#sha256=")
-        assert got == sha and url.startswith("https://stable.repo.amd.com/rocm/"), name
-        dist, v = parse_wheel_filename(unquote(url.rsplit("/", 1)[1]))[:2]
+        # The URL form the manifest fetched (whl-next/<name>/), not pytorch/whl-next/ (no record shows it).
+        assert got == sha and url.startswith(f"https://stable.repo.amd.com/rocm/whl-next/{name}/"), name
+        file = unquote(url.rsplit("/", 1)[1])
+        dist, v = parse_sdist_filename(file) if file.endswith(".tar.gz") else parse_wheel_filename(file)[:2]
         assert dist == canonicalize_name(name) and str(v) == version
         assert s.pins()[f"{name}.wheel_sha256"] == sha  # part of the image tag
     # The torch step of the image installs exactly these.
@@ -112,6 +117,11 @@ SHA_A = "a" * 64
                                  f"linux_x86_64.whl#sha256={SHA_A}", "not 2.13.0+rocm10.0.0 of torch's"),
     ("rocm-sdk-core", f"https://x.example/rocm_sdk_libraries-10.0.0-py3-none-linux_x86_64.whl#sha256={SHA_A}",
      "the wheel is rocm-sdk-libraries's, not rocm-sdk-core's"),
+    ("rocm", f"https://x.example/rocm-7.15.0a20260728.tar.gz#sha256={SHA_A}", "not 10.0.0 of torch's +rocm10.0.0"),
+    ("rocm", f"https://x.example/rocm-10.0.0-py3-none-any.whl#sha256={SHA_A}",
+     "expected 'https://<sdist URL>.tar.gz#sha256=<64 hex>'"),  # AMD ships it as an sdist only
+    ("amd-torch-device-gfx115x", f"https://x.example/amd_torch_device_gfx115x-0.0.1.dev0-py3-none-any.whl"
+                                 f"#sha256={SHA_A}", "not 2.13.0+rocm10.0.0 of torch's"),  # PyPI's placeholder
     ("numpy", f"https://x.example/numpy-2.0.0-cp313-cp313-linux_x86_64.whl#sha256={SHA_A}",
      "names no package this block pins"),
 ])

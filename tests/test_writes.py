@@ -38,6 +38,7 @@ ALLOWED = {
     ("toolbox/engines/docker.py", "_build_api", "tarfile.open"): _TEMP + " (the context sent to Docker)",
     ("toolbox/stack/pylock.py", "compile_lock", "write_text"): _TEMP,
     ("toolbox/stack/bump.py", "bump", "write_text"): _TEMP + " (the stack checked before atomic_write)",
+    ("toolbox/stack/bump.py", "new_line", "write_text"): _TEMP + " (the stack checked before atomic_write)",
     ("toolbox/stack/pinning.py", "download", "tempfile.mkstemp"): (
         "a download streamed to .part-, renamed only when its sha256 is the pin: a torn file fails the check"),
     ("toolbox/stack/pinning.py", "download", "os.fdopen"): "the same download",

@@ -29,6 +29,12 @@ STRIX_HALO_PCI = {"0x1586"}
 # 6.18.4 have a bug that causes stability issues on gfx1151 and should be avoided"; the author's
 # comment in #45 (2026-01-13): AMD pushed a fix in 6.18.4.
 MIN_KERNEL = (6, 18, 4)
+# AMD's Strix Halo system-optimization page (rocm.docs.amd.com/en/latest/how-to/system-optimization/
+# strixhalo.html, "Required kernel version"): two KFD fixes (gregkh/linux@7f26af7, @7445db6) are in
+# "Ubuntu 24.04 HWE 6.17.0-19.19~24.04.2 or later", "Ubuntu 24.04 OEM 6.14.0-1018 or later", and
+# Linux 6.18.4 elsewhere. Ubuntu's uname says 6.17.0-19-generic (version 6.17.0, ABI 19; the upload,
+# .19, is in /proc/version_signature): (major, minor, ABI) at or above these is accepted on Ubuntu.
+UBUNTU_KERNELS = {"hwe": (6, 17, 19), "oem": (6, 14, 1018)}
 # ROCm/legacy-rocm-build #5724 (closed, "amdgpu firmware (MES 0x83) causing GPU Hang / Memory access
 # fault w/ Strix Halo"): MES 0x83 hangs; rolled back to 0x80 the hangs stopped.
 BAD_MES = {0x83: "ROCm/legacy-rocm-build #5724: MES 0x83 hangs the GPU (0x80 works)"}
@@ -113,6 +119,25 @@ def kernel_version(base: Path) -> tuple[str, tuple[int, ...] | None]:
     return release, (tuple(int(x or 0) for x in m.groups()) if m else None)
 
 
+def ubuntu_kernel(base: Path) -> tuple[str, tuple[int, int, int, int]] | None:
+    """An Ubuntu kernel's line and (major, minor, ABI, upload), from /proc/version_signature
+    ("Ubuntu 6.17.0-19.19~24.04.2-generic 6.17.13") or, without it, uname's 6.17.0-19-generic
+    (upload unknown: the ABI's first upload, which carries its number). None: not Ubuntu's."""
+    sig = _read(base / "proc/version_signature") or ""
+    m = re.match(r"Ubuntu (\d+)\.(\d+)\.\d+-(\d+)\.(\d+)\S*-(\w+)", sig)
+    if m:
+        major, minor, abi, upload, flavour = m.groups()
+    else:
+        release = _read(base / "proc/sys/kernel/osrelease") or ""
+        m = re.fullmatch(r"(\d+)\.(\d+)\.\d+-(\d+)-(generic|oem|lowlatency)", release.strip())
+        if not m:
+            return None
+        major, minor, abi, flavour = m.groups()
+        upload = abi
+    line = "oem" if flavour == "oem" or int(abi) >= 1000 else "hwe"
+    return line, (int(major), int(minor), int(abi), int(upload))
+
+
 def cmdline_params(base: Path) -> dict[str, str]:
     out = {}
     for word in (_read(base / "proc/cmdline") or "").split():
@@ -165,6 +190,13 @@ def memory_check(base: Path, gpu: Gpu) -> Check:
                      "but not in effect in the running kernel",
                      "regenerate the initramfs (`sudo dracut -f` / `sudo update-initramfs -u`) and the boot "
                      "entry, then reboot; check /sys/module/ttm/parameters/pages_limit")
+    if set_by and limit is not None and ram and limit * 4096 <= ram * 0.55:
+        # unslothai/unsloth #7878 (and PR #7960): torch reported 62.47 GiB on a 128 GB Strix Halo because
+        # amdgpu.gttsize is deprecated and the TTM page limit was still at its RAM/2 default
+        return Check("gpu memory", "fail", f"{detail}; the live ttm pages_limit is the RAM/2 default "
+                     f"({', '.join(set_by)} does not raise it): torch sees about half",
+                     f"add ttm.pages_limit=<GiB x {PAGES_PER_GIB}> to the kernel command line (96 GiB: "
+                     f"ttm.pages_limit={96 * PAGES_PER_GIB}), regenerate the initramfs/boot entry and reboot (unsloth #7878)")
     if set_by:
         return Check("gpu memory", "ok", f"{detail}; set by {', '.join(set_by)}")
     example = 96 * PAGES_PER_GIB
@@ -184,6 +216,16 @@ def kernel_check(base: Path) -> Check:
         return Check("kernel", "info", f"version unreadable ({release or 'no osrelease'})")
     if version >= MIN_KERNEL:
         return Check("kernel", "ok", f"{release} (>= {want})")
+    ubuntu = ubuntu_kernel(base)
+    if ubuntu is not None:
+        line, (major, minor, abi, upload) = ubuntu
+        floor = UBUNTU_KERNELS[line]
+        if (major, minor) == floor[:2] and abi >= floor[2]:
+            return Check("kernel", "ok", f"{release} (Ubuntu 24.04 {line.upper()} {major}.{minor}.0-{abi}.{upload}: "
+                         "has the KFD fixes AMD's Strix Halo page names)")
+        return Check("kernel", "fail", f"{release}: an Ubuntu {line.upper()} kernel without the KFD fixes gfx1151 needs",
+                     "install the 24.04 HWE kernel >= 6.17.0-19.19~24.04.2 (OEM >= 6.14.0-1018) or boot "
+                     f"a kernel >= {want} (AMD's Strix Halo page, rocm.docs.amd.com .../strixhalo.html)")
     return Check("kernel", "fail", f"{release}: older than {want}, which gfx1151 needs for stability",
                  f"boot a kernel >= {want} (kyuz0/amd-strix-halo-toolboxes README and #69); and not with "
                  "linux-firmware 20251125, reported to break ROCm on Strix Halo (same README, #37)")

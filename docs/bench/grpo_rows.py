@@ -5,6 +5,8 @@
         [--repeats N]   (issue 41: N rounds, each shape's samplers in alternating order, one process a row)
     python docs/bench/grpo_rows.py OUT WORK --one SHAPE GENERATION   (one row; what the driver runs per process)
 
+A GENERATION may name its backend, BACKEND:GENERATION (unsloth:transformers-static); plain ones run on hf.
+
 How it is timed: TRL 1.15 wraps its generation in `profiling_context` blocks ("transformers.generate",
 or "vLLM.generate" and "sync_weights" in the vLLM modes) and its `_prepare_inputs` (generation,
 rewards, advantages) in `profiling_decorator`; their durations go only to W&B / MLflow / Trackio,
@@ -15,7 +17,7 @@ once per step (steps_per_generation = accumulation), so each timed step holds on
 
 Settings (environment): PROMPT 128 words (one token each: bench/synthetic's word-level tokenizer),
 COMPLETION 256 tokens, GENS 8 completions per prompt, BATCH 16 completions a step (2 prompts),
-WARMUP 2 + STEPS 8 timed, LoRA r16 on every projection, backend hf, bf16 (fp32 on DEVICE=cpu).
+WARMUP 2 + STEPS 8 timed, LoRA r16 on every projection, backend hf (or as the row names it), bf16 (fp32 on DEVICE=cpu).
 A random-init model almost never samples its EOS id, so every completion runs the full COMPLETION
 tokens: the workload is the same every step. The reward is the built-in length penalty with max_chars
 COMPLETION (the decoded lengths vary, so the advantages are not all zero and the backward is a real one).
@@ -97,6 +99,8 @@ def _data(path: Path, vocab: int, n: int = 256) -> Path:
 
 
 def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> dict:
+    backend, _, sampler_name = generation.rpartition(":")
+    backend = backend or "hf"
     from toolbox_train.bench.shapes import LORA_TARGETS
     from toolbox_train.bench.synthetic import build_model_dir
     from toolbox_train.commands import finetune
@@ -108,8 +112,8 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
     data = work / f"prompts-{shape}-{ENV['PROMPT']}.jsonl"
     if not data.exists():
         _data(data, vocab)
-    run_dir = work / f"run-{shape}-{generation}"
-    cfg = {"model": {"path": str(model_dir)}, "objective": "grpo", "method": "lora", "backend": "hf",
+    run_dir = work / f"run-{shape}-{backend}-{sampler_name}"
+    cfg = {"model": {"path": str(model_dir)}, "objective": "grpo", "method": "lora", "backend": backend,
            "data": {"path": str(data), "max_seq_length": ENV["PROMPT"] + 8},
            "grpo": {"num_generations": ENV["GENS"], "max_completion_length": ENV["COMPLETION"],
                     "rewards": [{"function": "length", "max_chars": ENV["COMPLETION"]}]},
@@ -117,7 +121,7 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
            "train": {"max_steps": ENV["WARMUP"] + ENV["STEPS"], "per_device_batch_size": ENV["BATCH"],
                      "precision": "bf16" if DEVICE == "cuda" else "fp32", "lr_scheduler": "constant", "seed": 0},
            "output": {"dir": str(run_dir), "save_steps": 0, "logging_steps": 1, "progress_bar": False}}
-    cfg["grpo"]["generation"] = generation  # named even for transformers: the default is auto since issue 41
+    cfg["grpo"]["generation"] = sampler_name  # named even for transformers: the default is auto since issue 41
     blocks: list = []
     steps: dict = {}
     sampler: dict = {}
@@ -134,7 +138,7 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
     gen = sum(r["generate_s"] for r in timed)
     prep = sum(r["prepare_inputs_s"] for r in timed)
     row = {"shape": shape, "generation": generation, "sampler_args": sampler, "device": _device_name(),
-           "settings": dict(ENV, lora_r=16, backend="hf", method="lora"),
+           "backend": backend, "settings": dict(ENV, lora_r=16, backend=backend, method="lora"),
            "timed_steps": len(timed), "step_s_mean": round(total / len(timed), 3),
            "generate_s_mean": round(gen / len(timed), 3), "generate_share": round(gen / total, 3),
            "generation_and_scoring_share": round(prep / total, 3),
@@ -171,7 +175,7 @@ def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for p in ("torch", "transformers", "trl", "peft", "accelerate", "vllm"):
+    for p in ("torch", "transformers", "trl", "peft", "accelerate", "vllm", "unsloth", "unsloth_zoo"):
         try:
             out[p] = version(p)
         except PackageNotFoundError:
@@ -195,7 +199,7 @@ def main(argv: list[str]) -> int:
     for shape, gen, rep in order:
         cp = subprocess.run([sys.executable, __file__, str(out), str(work), "--one", shape, gen],
                             capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        (out / f"grpo-{shape}-{gen}-r{rep}.log").write_text(cp.stdout + cp.stderr)
+        (out / f"grpo-{shape}-{gen.replace(':', '-')}-r{rep}.log").write_text(cp.stdout + cp.stderr)
         row = next((json.loads(x[4:]) for x in cp.stdout.splitlines() if x.startswith("ROW ")),
                    {"shape": shape, "generation": gen,
                     "error": (cp.stderr.strip().splitlines() or ["?"])[-1]})

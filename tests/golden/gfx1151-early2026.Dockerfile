@@ -157,19 +157,23 @@ RUN --mount=type=cache,target=/root/.ccache \
 FROM base AS runtime
 
 # rocm 7.12.0a20260227
+COPY --from=rocm-fetch /opt/rocm /opt/rocm
+# /opt/rocm/lib is in the loader's cache, not on LD_LIBRARY_PATH: LD_LIBRARY_PATH comes
+# before a library's own RUNPATH, so there it would hand the rocm-sdk HIP torch loads this ROCm's HSA
+# runtime and COMGR (two builds in one process: the 10.0.0 tarball's COMGR link error, TheRock #7426).
+# From the cache, programs built here (llama.cpp, rccl-tests) still find it, and torch's SDK its own.
+RUN echo /opt/rocm/lib > /etc/ld.so.conf.d/toolbox-rocm.conf && ldconfig
 # AOTriton's flash/efficient attention is experimental on RDNA and off without the variable: torch
 # falls back to the MATH kernel, ~19x slower on gfx1151 (ROCm/legacy-rocm-build #6034). ENV, not only
 # profile.d, so that `toolbox run` (podman/docker run) has it too.
-COPY --from=rocm-fetch /opt/rocm /opt/rocm
 ENV ROCM_PATH=/opt/rocm \
     HIP_PATH=/opt/rocm \
     PATH=/opt/venv/bin:/opt/rocm/bin:$PATH \
-    LD_LIBRARY_PATH=/opt/rocm/lib \
     TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1
 
-# rccl 0f191289ffadcebdb65391c5d9ddacccfbffae36: ahead of ROCm's own copy on the library path
+# rccl 0f191289ffadcebdb65391c5d9ddacccfbffae36: the one librccl on the library path (torch's copies link to it)
 COPY --from=rccl-build /opt/rccl /opt/rccl
-ENV LD_LIBRARY_PATH=/opt/rccl/lib:/opt/rocm/lib
+ENV LD_LIBRARY_PATH=/opt/rccl/lib
 
 # torch 2.10.0+rocm7.12.0a20260227 from https://rocm.nightlies.amd.com/v2/gfx1151/
 RUN --mount=type=secret,id=ca \
@@ -191,6 +195,10 @@ RUN /opt/venv/bin/python /opt/toolbox/scripts/rccl-abi-check.py \
       --consumer "$(/opt/venv/bin/python -c 'import importlib.util, os; print(os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "lib", "libtorch_hip.so"))')"
 # ...and `import torch` (no GPU needed) must map exactly that library.
 RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("/proc/self/maps") if "librccl" in l}; print("librccl mapped:", *maps); assert maps and all(m.startswith("/opt/rccl/") for m in maps), maps'
+# One HIP runtime: `import torch` (its SDK's HIP, COMGR and RCCL, preloaded by path) and librccl
+# loaded by name, as a collective does, must map exactly one libamdhip64, its HSA runtime and
+# COMGR beside it; the build log says which (toolbox/rccl/hipcheck.py: the reports it prevents).
+RUN /opt/venv/bin/python /opt/toolbox/scripts/hip-runtime-check.py --load librccl.so.1
 
 # bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79
 COPY --from=bitsandbytes-build /wheels/bitsandbytes/ /opt/toolbox/wheels/bitsandbytes/

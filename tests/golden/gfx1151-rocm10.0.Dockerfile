@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm10.0" (lock a11116ba0395).
+# Rendered by `toolbox render` from stack "gfx1151-rocm10.0" (lock 113855782be7).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -139,35 +139,54 @@ RUN --mount=type=cache,target=/root/.ccache \
 FROM base AS runtime
 
 # rocm 10.0.0
+COPY --from=rocm-fetch /opt/rocm /opt/rocm
+# /opt/rocm/lib is in the loader's cache, not on LD_LIBRARY_PATH: LD_LIBRARY_PATH comes
+# before a library's own RUNPATH, so there it would hand the rocm-sdk HIP torch loads this ROCm's HSA
+# runtime and COMGR (two builds in one process: the 10.0.0 tarball's COMGR link error, TheRock #7426).
+# From the cache, programs built here (llama.cpp, rccl-tests) still find it, and torch's SDK its own.
+RUN echo /opt/rocm/lib > /etc/ld.so.conf.d/toolbox-rocm.conf && ldconfig
 # AOTriton's flash/efficient attention is experimental on RDNA and off without the variable: torch
 # falls back to the MATH kernel, ~19x slower on gfx1151 (ROCm/legacy-rocm-build #6034). ENV, not only
 # profile.d, so that `toolbox run` (podman/docker run) has it too.
-COPY --from=rocm-fetch /opt/rocm /opt/rocm
 ENV ROCM_PATH=/opt/rocm \
     HIP_PATH=/opt/rocm \
     PATH=/opt/venv/bin:/opt/rocm/bin:$PATH \
-    LD_LIBRARY_PATH=/opt/rocm/lib \
     TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1
 
-# rccl 6b0e43f341195e203754e08f850e437ff2fc09f9: ahead of ROCm's own copy on the library path
+# rccl 6b0e43f341195e203754e08f850e437ff2fc09f9: the one librccl on the library path (torch's copies link to it)
 COPY --from=rccl-build /opt/rccl /opt/rccl
-ENV LD_LIBRARY_PATH=/opt/rccl/lib:/opt/rocm/lib
+ENV LD_LIBRARY_PATH=/opt/rccl/lib
 
 # torch 2.13.0+rocm10.0.0 from https://stable.repo.amd.com/rocm/whl-next/
+# The whole ROCm set by URL and sha256, from no index (--no-index --no-deps; setuptools first: it
+# builds the `rocm` sdist). Then requires.py proves the set closed: every requirement one of its
+# wheels has on a ROCm name is met by another, so the last pip call, which adds torch's own PyPI
+# dependencies (sympy, networkx, ...), finds the whole set installed and asks PyPI for none of it.
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh install \
-      --torch-index https://stable.repo.amd.com/rocm/whl-next/ \
-      'torch[device-gfx1151] @ https://stable.repo.amd.com/rocm/pytorch/whl-next/torch/torch-2.13.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=28cbb1dda100903127a02b7cca39742972b57c383f79e60b103617a2d0b7a064' \
-      'torchvision[device-gfx1151] @ https://stable.repo.amd.com/rocm/pytorch/whl-next/torchvision/torchvision-0.28.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=2cacf4672d025c1c24871cb4f7bdd40cc0ed073cb0458b89d665e47c2cc251be' \
-      'torchaudio @ https://stable.repo.amd.com/rocm/pytorch/whl-next/torchaudio/torchaudio-2.11.0.2%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=7b5a98831486138582b67127e50ecb21576acbf9d85d343205847c966d1ea3ab' \
+    /opt/toolbox/scripts/pip.sh install --no-index --no-deps 'setuptools @ https://files.pythonhosted.org/packages/ef/55/6dc6d6bb953bdfc52519a0059592c52b6e3b8ad51cf8256dffceb55b0610/setuptools-84.2.1-py3-none-any.whl#sha256=ca140b45d5325a9478f880e351484f62fef15f336462e449ca0c03c873d589c2' \
+ && ROCM_SDK_TARGET_FAMILY=gfx1151 ROCM_BOOTSTRAP_DISABLE_DETECTION=1 /opt/toolbox/scripts/pip.sh install \
+      --no-index \
+      --no-deps \
+      --no-build-isolation \
+      'torch[device-gfx1151] @ https://stable.repo.amd.com/rocm/whl-next/torch/torch-2.13.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=28cbb1dda100903127a02b7cca39742972b57c383f79e60b103617a2d0b7a064' \
+      'torchvision[device-gfx1151] @ https://stable.repo.amd.com/rocm/whl-next/torchvision/torchvision-0.28.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=2cacf4672d025c1c24871cb4f7bdd40cc0ed073cb0458b89d665e47c2cc251be' \
+      'torchaudio @ https://stable.repo.amd.com/rocm/whl-next/torchaudio/torchaudio-2.11.0.2%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=7b5a98831486138582b67127e50ecb21576acbf9d85d343205847c966d1ea3ab' \
       'amd-torch-device-gfx1151 @ https://stable.repo.amd.com/rocm/whl-next/amd-torch-device-gfx1151/amd_torch_device_gfx1151-2.13.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=33dfb69b1d6d89127aec416d2891b205ed31d7ffb0a106aa45a54da7afd0c01d' \
+      'amd-torch-device-gfx115x @ https://stable.repo.amd.com/rocm/whl-next/amd-torch-device-gfx115x/amd_torch_device_gfx115x-2.13.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=44b27db9d540e589f2b17a78ca227a832f70c95ff7f476927507fbda92b524e5' \
       'amd-torchvision-device-gfx1151 @ https://stable.repo.amd.com/rocm/whl-next/amd-torchvision-device-gfx1151/amd_torchvision_device_gfx1151-0.28.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=847738fbb85db7e3cd6e711565a314bd145e71bb15f3b9271004b9821d18f234' \
+      'rocm @ https://stable.repo.amd.com/rocm/whl-next/rocm/rocm-10.0.0.tar.gz#sha256=65b5982249612a310135f5e061b9f28909e8ad718a1ddb3f1abba92298b7216b' \
+      'rocm-bootstrap @ https://stable.repo.amd.com/rocm/whl-next/rocm-bootstrap/rocm_bootstrap-0.1.0-py3-none-any.whl#sha256=33e3d4dad086b1f0e06bc049a618ca874d4fb72f758fff00676e23d2a644b652' \
       'rocm-sdk-core @ https://stable.repo.amd.com/rocm/whl-next/rocm-sdk-core/rocm_sdk_core-10.0.0-py3-none-linux_x86_64.whl#sha256=3bf4a72d11aa2a4ee1e90572c73630f937d38c1b7af4dda45b483b54655138a7' \
       'rocm-sdk-device-gfx1151 @ https://stable.repo.amd.com/rocm/whl-next/rocm-sdk-device-gfx1151/rocm_sdk_device_gfx1151-10.0.0-py3-none-linux_x86_64.whl#sha256=ec705df531e523777a5cd47b2dfadb2272935927c46c122effb11fcdcedb73d0' \
       'rocm-sdk-libraries @ https://stable.repo.amd.com/rocm/whl-next/rocm-sdk-libraries/rocm_sdk_libraries-10.0.0-py3-none-linux_x86_64.whl#sha256=bbe83a550cb8ceeb306abf6d57df6617857a1b19384549526db2ec81a4374e57' \
-      'triton @ https://stable.repo.amd.com/rocm/whl-next/triton/triton-3.8.0%2Bgit4cff872c.rocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=874f41046c50f84392c8481f074a2f96cfc1dc44a9b05e162246cb7f9175e588'
+      'triton @ https://stable.repo.amd.com/rocm/whl-next/triton/triton-3.8.0%2Bgit4cff872c.rocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=874f41046c50f84392c8481f074a2f96cfc1dc44a9b05e162246cb7f9175e588' \
+ && /opt/venv/bin/python /opt/toolbox/scripts/requires.py --closed 'torch[device-gfx1151]==2.13.0+rocm10.0.0' 'torchvision[device-gfx1151]==0.28.0+rocm10.0.0' torchaudio==2.11.0.2+rocm10.0.0 \
+ && /opt/toolbox/scripts/pip.sh install \
+      'torch[device-gfx1151]==2.13.0+rocm10.0.0' \
+      'torchvision[device-gfx1151]==0.28.0+rocm10.0.0' \
+      torchaudio==2.11.0.2+rocm10.0.0
 # Every other librccl (ROCm's, the copy torch's wheel or its rocm-sdk packages bundle) becomes
 # a link to ours, so whichever name and search path torch resolves lands on the patched build.
 RUN ours=$(readlink -f /opt/rccl/lib/librccl.so.1) \
@@ -179,6 +198,10 @@ RUN /opt/venv/bin/python /opt/toolbox/scripts/rccl-abi-check.py \
       --consumer "$(/opt/venv/bin/python -c 'import importlib.util, os; print(os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "lib", "libtorch_hip.so"))')"
 # ...and `import torch` (no GPU needed) must map exactly that library.
 RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("/proc/self/maps") if "librccl" in l}; print("librccl mapped:", *maps); assert maps and all(m.startswith("/opt/rccl/") for m in maps), maps'
+# One HIP runtime: `import torch` (its SDK's HIP, COMGR and RCCL, preloaded by path) and librccl
+# loaded by name, as a collective does, must map exactly one libamdhip64, its HSA runtime and
+# COMGR beside it; the build log says which (toolbox/rccl/hipcheck.py: the reports it prevents).
+RUN /opt/venv/bin/python /opt/toolbox/scripts/hip-runtime-check.py --load librccl.so.1
 
 # bitsandbytes 0.50.2: the PyPI manylinux wheel (its build for HIP 7.15), sha256 checked
 RUN --mount=type=secret,id=ca \
@@ -258,6 +281,7 @@ LABEL \
     com.github.containers.toolbox="true" \
     io.github.toolbox.accelerate.version="1.15.0" \
     io.github.toolbox.amd-torch-device-gfx1151.wheel_sha256="33dfb69b1d6d89127aec416d2891b205ed31d7ffb0a106aa45a54da7afd0c01d" \
+    io.github.toolbox.amd-torch-device-gfx115x.wheel_sha256="44b27db9d540e589f2b17a78ca227a832f70c95ff7f476927507fbda92b524e5" \
     io.github.toolbox.amd-torchvision-device-gfx1151.wheel_sha256="847738fbb85db7e3cd6e711565a314bd145e71bb15f3b9271004b9821d18f234" \
     io.github.toolbox.base.image="registry.fedoraproject.org/fedora:43" \
     io.github.toolbox.bitsandbytes.source="pypi" \
@@ -270,7 +294,7 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="a11116ba0395" \
+    io.github.toolbox.lock-digest="113855782be7" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="rocm" \
     io.github.toolbox.python.lock.sha256="bc6857b45c3ebcb882e61a3e2ff833683bc6e1bba64eecef9c832e0f8ba30952" \
@@ -282,6 +306,7 @@ LABEL \
     io.github.toolbox.rccl.gpu_targets="gfx1151" \
     io.github.toolbox.rccl.patches.sha256="none" \
     io.github.toolbox.rccl.repo="https://github.com/ROCm/rocm-systems" \
+    io.github.toolbox.rocm-bootstrap.wheel_sha256="33e3d4dad086b1f0e06bc049a618ca874d4fb72f758fff00676e23d2a644b652" \
     io.github.toolbox.rocm-sdk-core.wheel_sha256="3bf4a72d11aa2a4ee1e90572c73630f937d38c1b7af4dda45b483b54655138a7" \
     io.github.toolbox.rocm-sdk-device-gfx1151.wheel_sha256="ec705df531e523777a5cd47b2dfadb2272935927c46c122effb11fcdcedb73d0" \
     io.github.toolbox.rocm-sdk-libraries.wheel_sha256="bbe83a550cb8ceeb306abf6d57df6617857a1b19384549526db2ec81a4374e57" \
@@ -290,6 +315,8 @@ LABEL \
     io.github.toolbox.rocm.tarball.sha256="4feabd9f2da72352df37f6d714a54847d3fe913c0341fbe2a6542c1164024baf" \
     io.github.toolbox.rocm.tarball.url="https://stable.repo.amd.com/rocm/core/tarball/therock-dist-linux-gfx1151-10.0.0.tar.gz" \
     io.github.toolbox.rocm.version="10.0.0" \
+    io.github.toolbox.rocm.wheel_sha256="65b5982249612a310135f5e061b9f28909e8ad718a1ddb3f1abba92298b7216b" \
+    io.github.toolbox.setuptools.wheel_sha256="ca140b45d5325a9478f880e351484f62fef15f336462e449ca0c03c873d589c2" \
     io.github.toolbox.stack="gfx1151-rocm10.0" \
     io.github.toolbox.torch.device_extra="[device-gfx1151]" \
     io.github.toolbox.torch.index_url="https://stable.repo.amd.com/rocm/whl-next/" \
@@ -310,4 +337,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm10.0" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="a11116ba0395"
+    org.opencontainers.image.version="113855782be7"

@@ -40,9 +40,12 @@ def test_stage_flags(name, commit, series, smi):
     i_link = rt.index("-name 'librccl.so*'")
     i_abi = rt.index("rccl-abi-check.py")
     i_import = rt.index('"librccl" in l')
-    assert i_copy < i_torch < i_link < i_abi < i_import
+    i_hip = rt.index("hip-runtime-check.py --load librccl.so.1")
+    assert i_copy < i_torch < i_link < i_abi < i_import < i_hip
     assert "--provider /opt/rccl/lib/librccl.so.1" in rt and "libtorch_hip.so" in rt
-    assert re.search(r"ENV LD_LIBRARY_PATH=/opt/rccl/lib:", rt)
+    # ROCm's own folder is in the loader's cache, not on LD_LIBRARY_PATH (one HIP runtime: hipcheck.py)
+    assert re.search(r"ENV LD_LIBRARY_PATH=/opt/rccl/lib\n", rt) and not any("/opt/rocm" in m for m in re.findall(r"LD_LIBRARY_PATH=\S*", rt))
+    assert "echo /opt/rocm/lib > /etc/ld.so.conf.d/toolbox-rocm.conf && ldconfig" in rt
 
 
 def test_stack_fields_drive_the_stage():

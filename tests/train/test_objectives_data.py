@@ -189,4 +189,4 @@ def test_backend_auto_takes_the_faster_measured_path_for_dpo(monkeypatch):
     base = {"model": {"path": "m"}, "data": {"path": "d"}, "output": {"dir": "o"}}
     picked = {o: pick_backend(TrainConfig.model_validate({**base, "objective": o}), gpu=True, fsdp=False)
               for o in ("sft", "dpo", "orpo", "kto", "grpo")}
-    assert picked == {"sft": "unsloth", "dpo": "hf", "orpo": "unsloth", "kto": "unsloth", "grpo": "unsloth"}
+    assert picked == {"sft": "unsloth", "dpo": "hf", "orpo": "unsloth", "kto": "unsloth", "grpo": "hf"}

@@ -96,3 +96,16 @@ def test_full_and_qlora_calls(tmp_path, tiny_model, fake_unsloth, method, four, 
     assert (kw["load_in_4bit"], kw["load_in_8bit"], kw["full_finetuning"]) == (four, eight, full)
     assert kw["device_map"] == "sequential"
     assert len(fake_unsloth) == (1 if method == "full" else 2)
+
+
+def test_grpo_sizes_the_model_for_prompt_and_completion(tmp_path, tiny_model, fake_unsloth):
+    """GRPO scores prompt + completion: Unsloth's max_seq_length at the prompt's limit alone cut the
+    sequences and stopped at step 1 on an H100 (docs/bench/2026-12-06-h100/grpo-unsloth)."""
+    p = _plan(tmp_path, tiny_model, "lora")
+    assert fake_unsloth == [] and p.cfg.objective == "sft"
+    models.load_unsloth(p, finetune.Dist())
+    assert fake_unsloth[0][2]["max_seq_length"] == p.cfg.data.max_seq_length
+    fake_unsloth.clear()
+    p.cfg.objective = "grpo"
+    models.load_unsloth(p, finetune.Dist())
+    assert fake_unsloth[0][2]["max_seq_length"] == p.cfg.data.max_seq_length + p.cfg.grpo.max_completion_length

@@ -5,6 +5,7 @@ from toolbox.paths import PROJECT_ROOT
 
 RCCL_PATCHES = PROJECT_ROOT / "rccl-patches"
 ABICHECK = PROJECT_ROOT / "toolbox" / "rccl" / "abicheck.py"
+HIPCHECK = PROJECT_ROOT / "toolbox" / "rccl" / "hipcheck.py"
 
 
 def _pins(stack):
@@ -34,7 +35,8 @@ def series_in_context(stack) -> str | None:
 
 def _context(stack):
     # The image runs the ABI check against torch's libtorch_hip.so (runtime/torch.j2).
-    out = [ContextFile("scripts/rccl-abi-check.py", src=ABICHECK)]
+    # ...and the one-HIP-runtime check against `import torch` plus librccl (runtime/torch.j2).
+    out = [ContextFile("scripts/rccl-abi-check.py", src=ABICHECK), ContextFile("scripts/hip-runtime-check.py", src=HIPCHECK)]
     if RCCL_PATCHES.is_dir():
         out.append(ContextFile("rccl-patches", src=RCCL_PATCHES))
     where = series_in_context(stack)

@@ -10,7 +10,8 @@ hashes. The same for an unpinned base image's digest. `--frozen` refuses anythin
 After a tarball download, its share/therock/therock_manifest.json (TheRock's
 build_tools/generate_therock_manifest.py, schema TheRock-Manifest.v1: `submodules[]` of
 path/url/commit) must name the same rocm-systems commit as the stack's `rccl.commit`, so RCCL is
-built from the sources of the ROCm that torch was built against.
+built from the sources of the ROCm that torch was built against; an unset (unverified)
+rccl.commit is pinned to it.
 
 `first_use_pins(stack, ...)` returns typed `PinUpdate`s (a field path and its value) that make
 the stack verified; `toolbox.stack.load.with_pins` applies them to the loaded stack.
@@ -291,6 +292,11 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
         sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), pins_file=pins_file,
                           frozen=frozen, ca_bundle=ca_bundle)
         out += [PinUpdate(("rocm", "tarball", "sha256"), sha), PinUpdate(("rocm", "tarball", "unverified"), False)]
+        commit = (pins_file.file(rocm.tarball.url) or {}).get("rocm_systems_commit")
+        if rccl is not None and rccl.commit is None and commit:
+            # No public record names this release's RCCL commit (ROCm 10.1): its own manifest does.
+            _loud(f"rccl.commit {commit}: the rocm-systems commit {MANIFEST} of {rocm.tarball.url} names")
+            out += [PinUpdate(("rccl", "commit"), commit), PinUpdate(("rccl", "unverified"), False)]
     torch = getattr(stack, "torch", None)
     if torch is not None and stack.platform == "rocm" and torch.index_url:
         # AMD's wheel index: only the user's network reaches it, so its wheels are not in the

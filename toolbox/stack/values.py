@@ -98,9 +98,24 @@ def check_targets(v: list[str]) -> list[str]:
 def coupled_names(targets=KNOWN_GPU_TARGETS) -> list[str]:
     """The wheels TheRock couples to its torch, torchvision and torchaudio by exact versions
     (torch's metadata and its [device-<target>] extras require them): `torch.wheels` may pin
-    these too, so pip takes none of the ROCm set from an index."""
+    these too, so pip takes none of the ROCm set from an index. Also the family device wheel
+    (amd-torch-device-gfx115x: the attention kernels, which torch[device-gfx1151] pulls beside the
+    target's own), the `rocm` sdist (the rocm_sdk module torch initializes with), rocm-bootstrap
+    (torch requires it, unversioned) and setuptools (the `rocm` sdist's build backend): PyPI holds
+    placeholders named rocm, rocm-sdk-core, amd-torch-device-gfx115x and rocm-bootstrap."""
     per_target = ("amd-torch-device-{}", "amd-torchvision-device-{}", "rocm-sdk-device-{}")
-    return ["triton", "rocm-sdk-core", "rocm-sdk-libraries", *(p.format(t) for t in sorted(targets) for p in per_target)]
+    families = sorted({FAMILY[t] for t in targets if t in FAMILY})
+    return ["triton", "rocm-sdk-core", "rocm-sdk-libraries", "rocm", *UNCOUPLED,
+            *(p.format(t) for t in sorted(targets) for p in per_target), *(f"amd-torch-device-{f}" for f in families)]
+
+
+# The family of a target where TheRock ships a family device wheel (its `rocm_whl_next_ownership.yaml`
+# lists amd-torch-device-gfx110x and -gfx115x; a gfx1151 venv holds amd_torch_device_gfx115x beside
+# amd_torch_device_gfx1151).
+FAMILY = {**{f"gfx110{i}": "gfx110x" for i in range(4)}, **{f"gfx115{i}": "gfx115x" for i in range(4)}}
+# Pinned with the set but not by the set's version: torch requires rocm-bootstrap without one, and
+# setuptools builds the `rocm` sdist.
+UNCOUPLED = ("rocm-bootstrap", "setuptools")
 
 
 def _coupled_version(name: str, torch: str, torchvision: str | None) -> str | None:
@@ -114,7 +129,7 @@ def _coupled_version(name: str, torch: str, torchvision: str | None) -> str | No
         return None
     if name.startswith("amd-torch-device-"):
         return torch
-    if name.startswith("rocm-sdk-"):
+    if name.startswith("rocm-sdk-") or name == "rocm":
         return local[len("rocm"):]
     return f"*.{local}"  # triton
 
@@ -124,28 +139,37 @@ def check_wheel_ref(name: str, ref: str, pinned: str | None, torch: str | None =
     """`torch.wheels.<name>`: '<wheel URL>#sha256=<64 hex>' of a package the block pins, at its
     version; or 'https://...#sha256=<64 hex>' of one coupled to it (coupled_names()), on the same
     +rocm<X> line as torch."""
-    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename,
+                                 parse_wheel_filename)
 
     coupled = pinned is None and name in coupled_names()
     if pinned is None and not coupled:
         raise FieldError(("wheels", name), "names no package this block pins (torch, torchvision, torchaudio) nor "
                          "one coupled to them (triton, rocm-sdk-core, rocm-sdk-libraries, amd-torch-device-<target>, "
-                         "amd-torchvision-device-<target>, rocm-sdk-device-<target>)")
+                         "amd-torch-device-<family>, amd-torchvision-device-<target>, rocm-sdk-device-<target>, "
+                         "the rocm sdist, rocm-bootstrap, setuptools)")
     scheme = r"https://" if coupled else r"(?:https?|file)://"
-    m = re.fullmatch(scheme + r"\S+/([^/#\s]+\.whl)#sha256=([0-9a-f]{64})", str(ref))
+    sdist = coupled and name == "rocm"  # an sdist only: built where it installs
+    m = re.fullmatch(scheme + r"\S+/([^/#\s]+" + (r"\.tar\.gz" if sdist else r"\.whl") + r")#sha256=([0-9a-f]{64})", str(ref))
     if not m:
         want = "https://<wheel URL>" if coupled else "<wheel URL>"
+        want = "https://<sdist URL>.tar.gz" if sdist else want
         raise FieldError(("wheels", name), f"expected '{want}#sha256=<64 hex>', got {ref!r}")
     try:
-        dist, version = parse_wheel_filename(unquote(m.group(1)))[:2]
-    except InvalidWheelFilename as exc:
-        raise FieldError(("wheels", name), f"not a wheel file name: {exc}") from None
+        if sdist:
+            dist, version = parse_sdist_filename(unquote(m.group(1)))
+        else:
+            dist, version = parse_wheel_filename(unquote(m.group(1)))[:2]
+    except (InvalidWheelFilename, InvalidSdistFilename) as exc:
+        raise FieldError(("wheels", name), f"not a {'sdist' if sdist else 'wheel'} file name: {exc}") from None
     if not coupled:
         if str(version) != pinned:
             raise FieldError(("wheels", name), f"the wheel is version {version}, but torch.{name} pins {pinned}")
         return
     if dist != canonicalize_name(name):
         raise FieldError(("wheels", name), f"the wheel is {dist}'s, not {name}'s")
+    if name in UNCOUPLED:
+        return
     want = _coupled_version(name, torch or "", torchvision)
     if want is None:
         raise FieldError(("wheels", name), f"pins a wheel of the ROCm set, but torch.torch {torch} has no +rocm<X> line")

@@ -131,8 +131,9 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
 
     transformers.set_seed(p.cfg.train.seed)  # LoRA init and anything random before the Trainer
     model, tok, peft_cfg = models.load(p, dist)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    text_tok = getattr(tok, "tokenizer", tok)  # image rows: a processor, its tokenizer inside
+    if text_tok.pad_token is None:
+        text_tok.pad_token = text_tok.eos_token
 
     summary: dict[str, Any] = {"output_dir": str(p.out)}
     callbacks = [Metrics(p.out / METRICS, summary), *callbacks]

@@ -102,7 +102,7 @@ class DataCfg(_Strict):
     shuffle: bool = True
     loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="data loader processes that read and collate the next batches while the "
-        "device trains; auto: 1 with a GPU, 0 (in the training process) on a CPU")
+        "device trains; auto: 1 with a GPU, 0 (in the training process) on a CPU and on gfx1151 (unified memory)")
 
     _paths = field_validator("path", "eval_path")(_openable)
     _columns = field_validator("fields")(_fields)
@@ -255,6 +255,26 @@ class OutputCfg(_Strict):
     _dir = field_validator("dir")(_openable)
 
 
+class VisionCfg(_Strict):
+    """Image rows (vision-language SFT): which parts of the model train."""
+    train: list[Literal["language", "vision", "projector"]] = Field(
+        ["language"], min_length=1, description="the parts that train on image rows: language (the language "
+        "model), vision (the vision tower), projector (the vision-to-text projection); the vision tower frozen "
+        "by default, as the peers have it")
+    min_pixels: int | None = Field(None, gt=0, description="Qwen-VL: an image is scaled up to at least this many "
+                                   "pixels (null: the processor's own)")
+    max_pixels: int | None = Field(None, gt=0, description="Qwen-VL: an image is scaled down to at most this many "
+                                   "pixels, which bounds its tokens (null: the processor's own)")
+
+    @field_validator("max_pixels")
+    @classmethod
+    def _budget(cls, v, info):
+        lo = info.data.get("min_pixels")
+        if v is not None and lo is not None and v < lo:
+            raise ValueError(f"{v} is below vision.min_pixels ({lo})")
+        return v
+
+
 class _Config(_Strict):
     model: ModelCfg
     data: DataCfg
@@ -274,6 +294,7 @@ TrainConfig = create_model(
     lora=(LoraCfg, LoraCfg()),
     backend=(Literal["auto", "hf", "unsloth"], "auto"),
     train=(TrainCfg, TrainCfg()),
+    vision=(VisionCfg, VisionCfg()),
     output=(OutputCfg, ...),
 )
 

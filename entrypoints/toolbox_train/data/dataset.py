@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 from toolbox_train.contract import UserError, first_line
 from toolbox_train.guards import special_file
-from toolbox_train.data import pref_rows
+from toolbox_train.data import images, pref_rows
 from toolbox_train import objectives
-from toolbox_train.data.rowcheck import Locate, check_rows, detect_format, missing_columns, scan_jsonl
+from toolbox_train.data.rowcheck import NAMED, Locate, check_rows, detect_format, missing_columns, refuse, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
@@ -123,6 +123,7 @@ def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field
         ds, where = _load_hub(path, split, field), path
     else:
         raise UserError(f"{field}: {path}: no such file or folder")
+    ds = images.undecoded(ds)  # image features left undecoded: checked as JSONL's images are
     if len(ds) == 0:
         raise UserError(f"{field}: {path}: the dataset is empty")
     if columns:
@@ -137,6 +138,11 @@ def load_raw(path: str, split: str, base: Path, field: str, fmt: str, text_field
             return f"{where} row {i + 1}"
 
         check_rows(iter(ds), fmt, text_field, locate, field)
+    if fmt == "messages" and images.COLUMN in ds.column_names:  # image rows: every image opened here
+        folder = local if local is not None and local.is_dir() else local.parent if local is not None else Path.cwd()
+        ds, bad = images.resolve(ds, folder, locate)
+        refuse(bad[:NAMED], len(bad), len(ds), field)
+        fmt = images.FORMAT
     return ds, fmt, locate
 
 
@@ -172,6 +178,8 @@ def shape(ds, fmt: str, text_field: str, path: str):
         if missing:
             raise UserError(f"data.format: alpaca: {path}: missing column(s) {missing} (has {cols})")
         return ds.map(_alpaca, remove_columns=cols)
+    if fmt == images.FORMAT:
+        return ds.select_columns(["messages", images.COLUMN])
     key = "messages" if "messages" in cols else "conversations" if "conversations" in cols else None
     if key is None:
         raise UserError(f"data.format: messages: {path}: no 'messages' column (has {cols})")
@@ -254,12 +262,19 @@ def _alpaca_chat(row: dict[str, Any]) -> dict[str, Any]:
     return {CHAT: [{"role": "user", "content": user}, {"role": "assistant", "content": str(row["output"])}]}
 
 
+def _as_parts(row: dict[str, Any]) -> dict[str, Any]:
+    parts = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in row["messages"]]
+    return {"messages": parts, images.COLUMN: []}
+
+
 def _shaper(src, target: str):
     """shape(), or for an alpaca source in a chat mixture its rows as conversations."""
 
     def shaper(ds, fmt):
-        if fmt == "alpaca" and target == CHAT:
-            return ds.map(_alpaca_chat, remove_columns=ds.column_names), CHAT
+        if fmt == "alpaca" and target in (CHAT, images.FORMAT):
+            ds, fmt = ds.map(_alpaca_chat, remove_columns=ds.column_names), CHAT
+        if fmt == CHAT and target == images.FORMAT:  # text conversations beside image rows (_cast gives their form)
+            return shape(ds, fmt, src.text_field, src.path), target
         return shape(ds, fmt, src.text_field, src.path), fmt
 
     return shaper
@@ -272,10 +287,12 @@ def _target(fmts: list[str]) -> str:
         return fmts[0]
     if kinds == {CHAT, "alpaca"}:
         return CHAT
+    if images.FORMAT in kinds and kinds <= {images.FORMAT, CHAT, "alpaca"}:
+        return images.FORMAT  # image rows and conversations: the text ones as image rows without images
     first = fmts[0]
     i = next(i for i, f in enumerate(fmts) if f != first)
     raise UserError(f"data.sources.{i}.format: {fmts[i]} rows do not mix with the {first} rows of data.sources.0 "
-                    "(sources mix when they share a format, or are chat (messages) and alpaca rows)")
+                    "(sources mix when they share a format, or are chat (messages), image (vision) and alpaca rows)")
 
 
 def _cast(parts: list[tuple[int, Any]], ref) -> list:
@@ -284,7 +301,9 @@ def _cast(parts: list[tuple[int, Any]], ref) -> list:
     for i, ds in parts:
         if ds.features != ref.features:
             try:
-                ds = ds.cast(ref.features)
+                # text conversations beside image rows: their turns as text parts, no images
+                ds = ds.map(_as_parts, features=ref.features) if images.COLUMN not in ds.column_names \
+                    and images.COLUMN in ref.column_names else ds.cast(ref.features)
             except Exception as exc:  # columns or types that cannot be cast (datasets/pyarrow errors)
                 raise UserError(f"data.sources.{i}: its rows' columns {dict(ds.features)} differ from "
                                 f"data.sources.0's {dict(ref.features)} ({first_line(exc)[:200]})") from None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from toolbox_train.contract import UserError
-from toolbox_train.data import pref_rows
+from toolbox_train.data import images, pref_rows
 
 NAMED = 5  # bad rows named in the message; the rest are counted
 ROLE_KEYS = ("messages", "conversations")
@@ -55,8 +55,15 @@ def row_problem(row: dict[str, Any], fmt: str, text_field: str) -> str | None:
     if not isinstance(msgs, list) or not msgs:
         return "'messages' must be a non-empty list of {role, content}"
     for i, m in enumerate(msgs):
+        if isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), list):
+            why = images.parts_problem(key, i, m["role"], m["content"])  # image rows: a list of parts
+            if why:
+                return why
+            continue
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             return f"{key}[{i}] must be {{\"role\": string, \"content\": string}}"
+    if images.COLUMN in row or any(isinstance(m["content"], list) for m in msgs):
+        return images.count_problem(msgs, row.get(images.COLUMN))
     return None
 
 

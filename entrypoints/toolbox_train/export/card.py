@@ -99,10 +99,11 @@ def card_text(resolved: dict, summary: dict, output: str, files: list[str] = ())
     sources = list(dict.fromkeys(_sources(data)))
     datasets = [s for s in sources if _hub_id(s) and not Path(s).exists()]
     library = {"adapter": "peft", "full": "transformers", "merged": "transformers"}.get(output)
-    tags = ["toolbox", "trl", objective, method] + (["gguf"] if output == "gguf" else [])
+    vision = r.get("data_format") == "vision"  # image rows: a vision-language model (training.md)
+    tags = ["toolbox", "trl", objective, method] + (["gguf"] if output == "gguf" else []) + (["vision"] if vision else [])
     meta = ModelCardData(
         base_model=hub_base, datasets=datasets or None, library_name=library, tags=tags,
-        pipeline_tag="text-generation", **base_license(base, model.get("revision")),
+        pipeline_tag="image-text-to-text" if vision else "text-generation", **base_license(base, model.get("revision")),
         **({"base_model_relation": "adapter" if output == "adapter" else "finetune"} if hub_base else {}))
 
     lora_used = method != "full"
@@ -120,6 +121,9 @@ def card_text(resolved: dict, summary: dict, output: str, files: list[str] = ())
     if r.get("data_format") or data.get("format"):
         lines += ["", f"Format: {r.get('data_format') or data.get('format')}; at most "
                   f"{data.get('max_seq_length')} tokens a sequence{', packed' if data.get('packing') else ''}."]
+    if vision:
+        lines += ["", "A vision-language model, trained on images and text (load it with AutoModelForImageTextToText "
+                  f"and its processor); the parts trained: {', '.join((resolved.get('vision') or {}).get('train', []))}."]
     lines += ["", "## Method", "", f"- method: {method}"]
     if lora_used:
         targets = lora.get("target_modules")

@@ -172,9 +172,16 @@ class Shape:
 
 
 def vision_params(v: Mapping[str, Any], text_hidden: int) -> int:
-    """A ViT/SigLIP tower plus the projector into the text model (frozen for text fine-tuning)."""
-    h, i, L = v.get("hidden_size", 0), v.get("intermediate_size", 0), v.get("num_hidden_layers", 0)
+    """A ViT/SigLIP tower plus the projector into the text model (frozen for text fine-tuning). Qwen-VL's tower
+    (its blocks counted as `depth`) has a gated MLP and a patch merger (2x2 patches -> an MLP into the text model)."""
+    h, i = v.get("hidden_size", 0), v.get("intermediate_size", 0)
     patch, img = v.get("patch_size", 14), v.get("image_size", 224)
+    if v.get("depth"):
+        m = h * v.get("spatial_merge_size", 2) ** 2
+        per_layer = 4 * h * h + 4 * h + 3 * h * i + 3 * i + h + 4 * h
+        return (v["depth"] * per_layer + 3 * v.get("temporal_patch_size", 2) * patch * patch * h
+                + m * m + m + m * v.get("out_hidden_size", text_hidden) + 2 * h)
+    L = v.get("num_hidden_layers", 0)
     per_layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h
     return L * per_layer + 3 * patch * patch * h + (img // patch) ** 2 * h + h * text_hidden + 2 * h
 

@@ -6,11 +6,11 @@ planning/run.py: target_modules entries that match nothing, MoE experts)."""
 from __future__ import annotations
 
 import math
-import re
 
 from toolbox_train.contract import UserError
 from toolbox_train.objectives.unit import HEADS
-from toolbox_train.models.arithmetic import LORA_ALL_LINEAR, expert_targets, moe_experts
+from toolbox_train.models import vision
+from toolbox_train.models.arithmetic import expert_targets, moe_experts
 
 # Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
 VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
@@ -20,9 +20,9 @@ def lora_targets(p):
     t = p.cfg.lora.target_modules
     if not p.multimodal:
         return t
-    # Text-only fine-tuning of a multimodal wrapper: adapters on the language model only.
-    names = "|".join(LORA_ALL_LINEAR) if t == "all-linear" else "|".join(re.escape(x) for x in t)
-    return rf"^(?!.*({'|'.join(VISION_PARTS)})).*\.({names})$"
+    # A vision-language model: by module path, the parts vision.train names (default: the language model only,
+    # as for text rows, which never reach the vision tower); its vision blocks reuse the language model's names.
+    return vision.lora_target_regex(p.cfg.vision.train, t)
 
 
 def lora_target_parameters(p) -> list[str]:
@@ -40,8 +40,22 @@ def peft_config(p):
 
     c = p.cfg.lora
     experts = lora_target_parameters(p)
+    whole = list(vision.PROJECTOR_MODULES) if p.multimodal and "projector" in p.cfg.vision.train else None
     return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
-                      bias="none", task_type=HEADS[p.objective.head][1], **({"target_parameters": experts} if experts else {}))
+                      bias="none", task_type=HEADS[head(p)][1], modules_to_save=whole,
+                      **({"target_parameters": experts} if experts else {}))
+
+
+def head(p, image_rows: bool = False) -> str:
+    """The model class of the run (HEADS): the objective's (objectives/<name>/); a causal LM on image rows is
+    the image-text-to-text model with its processor, as is a vision-language model with no causal-LM class
+    (Qwen-VL) on text rows."""
+    if p.objective.head != "causal-lm" or not p.multimodal:
+        return p.objective.head
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    text_class = getattr(p.model_config, "model_type", "") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return "image-text-to-text" if image_rows or not text_class else "causal-lm"
 
 
 def meta_model(p):
@@ -49,7 +63,7 @@ def meta_model(p):
     import torch
     import transformers
 
-    auto = HEADS[p.objective.head][0]  # the objective's model class (a score head's labels do not matter here)
+    auto = HEADS[head(p)][0]  # the objective's model class (a score head's labels do not matter here)
     with torch.device("meta"):
         return getattr(transformers, auto).from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
 

@@ -20,6 +20,8 @@ class Section(BaseModel):
 
 # The model class of each head (transformers' auto class, PEFT's task type, what from_pretrained is given).
 HEADS = {"causal-lm": ("AutoModelForCausalLM", "CAUSAL_LM", {}),
+         # a causal LM's vision-language form: SFT on image rows (models/lora.head)
+         "image-text-to-text": ("AutoModelForImageTextToText", "CAUSAL_LM", {}),
          "sequence-classification": ("AutoModelForSequenceClassification", "SEQ_CLS", {"num_labels": 1})}
 
 

@@ -81,9 +81,11 @@ def pick(cfg, backend: str, gpu: bool) -> tuple[str, str]:
     if g != "auto":
         return g, "set in the config"
     if backend == "unsloth":
-        # Unsloth's own fast sampler is vLLM (fast_inference), which finetune does not load; a static
-        # cache compiled under its patched model has not been run here
-        return "transformers", "auto: backend unsloth, whose static cache under compile is not measured"
+        # Unsloth's own fast sampler is vLLM (fast_inference), which finetune does not load; its rows with
+        # the static cache (and with TRL's default) stopped at step 1 on an H100 (2026-12-06), so nothing
+        # under Unsloth is measured faster; backend: auto takes hf for GRPO (its unit, objectives/grpo/)
+        return "transformers", ("auto: backend unsloth, whose static cache under compile has not run a step "
+                                "(H100, 2026-12-06); backend auto takes hf for GRPO")
     if not gpu:
         # transformers compiles decoding only on an accelerator (generate's _valid_auto_compile_criteria):
         # a static cache alone is the dynamic one's work in a preallocated buffer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from itertools import islice
 
-from toolbox_train.data import pref_rows
+from toolbox_train.data import images, pref_rows
 from toolbox_train.planning import rewards
 from toolbox_train.data.dataset import Locate, load_datasets
 from toolbox_train.contract import UserError, first_line
@@ -130,6 +130,27 @@ def check_completion_lengths(tok, ds, locate: Locate, field: str, max_len: int) 
     log(f"warning: {field}: {msg}; they are left out")
 
 
+def check_image_rows(p: ResolvedRun, ds, locate: Locate, field: str) -> None:
+    """Image rows: a vision-language model with a processor, no packing, every row through its chat template."""
+    from toolbox_train.models import vision
+
+    if not p.multimodal:
+        images.refuse_text_model(p.model_path, field)
+    if p.cfg.data.packing:
+        raise UserError("data.packing: image rows are not packed (an image's tokens and pixels belong to one row, "
+                        "and TRL packs token ids only); set it to false")
+    proc = vision.load_processor(p.model_path, p.cfg.model.revision, p.cfg.model.trust_remote_code,
+                                 **vision.budget(p.cfg))
+    why = vision.budget_problem(proc, p.cfg) or (
+        p.cfg.method != "full" and not {"language", "vision"} & set(p.cfg.vision.train)
+        and "vision.train: LoRA adapts the language model or the vision tower; [projector] alone has nothing to "
+            "adapt (use method: full, or add language or vision)")
+    if why:
+        raise UserError(why)
+    bad = vision.row_problems(proc, ds, locate)
+    refuse(bad[:NAMED], len(bad), len(ds), field)
+
+
 def validate(p: ResolvedRun):
     """Every dataset row against the format, then the tokenizer's checks: (the run with its data format,
     train, eval).
@@ -145,7 +166,9 @@ def validate(p: ResolvedRun):
     template: list = []  # assistant_template's, once there are chat rows
 
     def check(ds, fmt: str, locate: Locate, field: str) -> None:
-        if fmt == "messages":
+        if fmt == images.FORMAT:
+            check_image_rows(p, ds, locate, field)
+        elif fmt == "messages":
             if masks and tok.chat_template and not template:
                 template.append(assistant_template(p, tok))
             check_chat_template(tok, ds, locate, field, masks and bool(tok.chat_template), template and template[0])

@@ -25,7 +25,8 @@ from toolbox_train.config.schema import TrainConfig, load_located
 from toolbox_train.config.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 from toolbox_train.contract import UserError
 from toolbox_train.objectives.unit import REFERENCE_TEXT, Objective
-from toolbox_train.planning import heads
+from toolbox_train.models.vision import plan_note as vision_note
+from toolbox_train.planning import heads, strix
 from toolbox_train.planning.inputs import (gpu_available, is_multimodal, load_model_config, model_files_problem,
                                            output_problem, resolve_model, text_config, trl_problem)
 from toolbox_train.runs import checkpoints
@@ -204,9 +205,14 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
         device_memory = device_memory or f"{machine.memory_gib}GiB"
         notes.append(f"planned for {machine.describe()}: backend {backend}, liger {liger}, precision "
                      f"{precision} (what is installed here does not matter)")
-    memory, gc, batch, more = resolve_memory(run, fsdp, device_memory, probe_device and gpu and machine is None,
-                                             refuse, unified=bool(machine and machine.unified))
+    probe = probe_device and gpu and machine is None  # this rank's own GPU (not launch's parent, not --machine)
+    memory, gc, batch, more = resolve_memory(run, fsdp, device_memory, probe, refuse,
+                                             unified=bool(machine and machine.unified))
     notes += more
+    if probe:
+        strix.preflight(run)  # gfx1151's reports: bf16 flash attention's NaNs, an MoE on a HIP that crashes in it
+    if run.multimodal and memory is not None:  # image tokens and the tower (models/vision.py)
+        notes.append(vision_note(cfg, mc, model_path, memory.shape.extra_params))
     kernel, why = heads.resolve(cfg, tc, liger, batch, unit.token_loss)
     if cfg.train.lm_head_kernel == "auto" and liger:
         notes.append(f"train.lm_head_kernel: auto -> {kernel} ({why})")
@@ -332,6 +338,8 @@ def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, prob
     if t.per_device_batch_size == "auto":
         notes.append(f"train.per_device_batch_size: auto -> {tp.setting.batch} ({tp.batch_reason})")
     why = memory.refusal(tp)
+    if probe and not device_memory:  # torch sees half the machine on a Strix Halo at the TTM default: say so
+        why = strix.memory_refusal(why)
     if why and refuse:
         raise UserError(f"memory: {why} (finetune --plan shows the candidates; --device-memory plans for "
                         "another device)")

@@ -74,11 +74,21 @@ def expected_weights(p) -> tuple[dict[str, list[int]], list[set[str]]]:
         shapes = adapter_shapes(p)
         return shapes, [{k} for k in shapes]
     model = meta_model(p)
+    saved = _saved_names(model) if p.multimodal else {}
     groups: dict[int, set[str]] = {}
     for name, prm in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(prm), set()).add(name)
-    shapes = {n: list(prm.shape) for n, prm in model.named_parameters(remove_duplicate=False)}
+        groups.setdefault(id(prm), set()).add(saved.get(name, name))
+    shapes = {saved.get(n, n): list(prm.shape) for n, prm in model.named_parameters(remove_duplicate=False)}
     return shapes, list(groups.values())
+
+
+def _saved_names(model) -> dict[str, str]:
+    """Parameter name -> its name in a saved checkpoint: transformers 5 saves a vision-language model under its
+    checkpoints' names (Gemma 3: language_model.model..., the reverse of from_pretrained's renaming)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return {n: next(iter(revert_weight_conversion(model, {n: prm})), n)
+            for n, prm in model.named_parameters(remove_duplicate=False)}
 
 
 def _some(names, n=3) -> str:

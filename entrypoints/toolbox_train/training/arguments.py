@@ -8,6 +8,7 @@ import dataclasses
 import os
 
 from toolbox_train.config.tracking import training_args as tracking_args
+from toolbox_train.planning import strix
 from toolbox_train.planning.run import Dist, ResolvedRun, using_fsdp
 
 
@@ -18,7 +19,7 @@ def common_args(p: ResolvedRun, dist: Dist) -> dict:
     # Unsloth sets up its own (offloaded) checkpointing; under FSDP the accelerate config's
     # fsdp_activation_checkpointing does it (transformers refuses both at once).
     hf_gc = bool(gc) and p.backend == "hf" and not using_fsdp()
-    workers = c.data.loader_workers if c.data.loader_workers != "auto" else (1 if p.gpu else 0)
+    workers, pin_memory = strix.loader(c.data.loader_workers, p.gpu)  # auto: none, unpinned on gfx1151
     has_eval = c.data.has_eval()
     return dict(
         output_dir=str(p.out / "checkpoints"),
@@ -58,6 +59,7 @@ def common_args(p: ResolvedRun, dist: Dist) -> dict:
         # step of host time on qwen3-0.6b, batch 8 x 2048, that the GPU otherwise waits for)
         dataloader_num_workers=workers,
         dataloader_persistent_workers=workers > 0,
+        dataloader_pin_memory=pin_memory,
         save_only_model=False,
         save_on_each_node=dist.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", dist.world_size)),
         restore_callback_states_from_checkpoint=False,

@@ -228,8 +228,11 @@ class Toolbox:
             bad = self.accelerator.reduce(bad.to(self.args.device), reduction="sum")
         if int(bad) == 0:
             return
+        from toolbox_train.planning.strix import nan_hint
+
+        attn = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
         raise self.stopped(f"the loss became NaN/inf at step {self.state.global_step}",
-                           "lower train.learning_rate or set train.max_grad_norm")
+                           nan_hint(self.state.global_step, attn) or "lower train.learning_rate or set train.max_grad_norm")
 
     def stopped(self, what: str, hint: str) -> ToolError:
         """The error that stops a run gone bad (a NaN loss, a NaN reward): nothing is written after it."""

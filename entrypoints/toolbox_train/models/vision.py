@@ -1,0 +1,190 @@
+"""The processor of a vision-language model, and which of its parts train on image rows (vision.train:
+language, vision, projector), told by module path: SigLIP's and Qwen's vision blocks reuse the language
+model's q_proj/gate_proj/... names, so LoRA targets are chosen by path, never by name alone."""
+
+from __future__ import annotations
+
+import re
+
+from toolbox_train.contract import UserError, first_line
+from toolbox_train.models.arithmetic import LORA_ALL_LINEAR
+
+PARTS = ("language", "vision", "projector")
+# Module paths of each part, by family: Gemma 3 / Llava (vision_tower, multi_modal_projector), Qwen2/2.5/3-VL
+# (visual.blocks..., its patch merger the projector), Idefics/SmolVLM (vision_model, connector).
+PROJECTOR_PATHS = r"multi_modal_projector|visual\.merger|connector|mm_projector"
+VISION_PATHS = r"vision_tower|visual|vision_model"
+PROJECTOR = re.compile(rf"(^|\.)({PROJECTOR_PATHS})(\.|$)")
+VISION = re.compile(rf"(^|\.)({VISION_PATHS})(\.|$)")
+# all-linear in the vision tower: SigLIP's attention and MLP (q/k/v/out_proj, fc1, fc2), Qwen-VL's (qkv, proj,
+# gate/up/down_proj).
+VISION_LINEAR = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2", "qkv", "proj", "gate_proj", "up_proj",
+                 "down_proj")
+
+
+def part_of(name: str) -> str:
+    """The part a parameter or module path belongs to."""
+    if PROJECTOR.search(name):
+        return "projector"
+    if VISION.search(name):
+        return "vision"
+    return "language"
+
+
+def set_trainable(model, train) -> dict[str, int]:
+    """Full fine-tuning: freeze the parts not in `train`; returns trainable parameters per part."""
+    counts = dict.fromkeys(PARTS, 0)
+    for name, prm in model.named_parameters():
+        part = part_of(name)
+        prm.requires_grad_(part in train)
+        if part in train:
+            counts[part] += prm.numel()
+    return counts
+
+
+def _names(names) -> str:
+    return "|".join(re.escape(x) for x in names)
+
+
+def lora_target_regex(train, target_modules) -> str:
+    """PEFT target_modules, a regex over module paths: the named (or all-linear) Linear modules of the language
+    model and, where `train` has it, the vision tower; no other part's modules, whatever their names."""
+    every = target_modules == "all-linear"
+    keep = []
+    if "language" in train:
+        lang = _names(LORA_ALL_LINEAR if every else target_modules)
+        keep.append(rf"(?!(.*\.)?({VISION_PATHS}|{PROJECTOR_PATHS})\.).*\.({lang})")
+    if "vision" in train:
+        vis = _names(VISION_LINEAR if every else target_modules)
+        keep.append(rf"(?!(.*\.)?({PROJECTOR_PATHS})\.)(.*\.)?({VISION_PATHS})\..*\.({vis})")
+    return rf"^({'|'.join(keep)})$"
+
+
+# LoRA with vision.train's projector: the projector trained whole (PEFT's modules_to_save, matched by the end of
+# a module's path): Gemma 3's is a bare weight matrix, no Linear to adapt.
+PROJECTOR_MODULES = ("multi_modal_projector", "visual.merger", "connector", "mm_projector")
+
+
+def budget(cfg) -> dict[str, int]:
+    """vision.min_pixels / max_pixels, as the processor's keyword arguments (only those set)."""
+    v = cfg.vision
+    return {k: getattr(v, k) for k in ("min_pixels", "max_pixels") if getattr(v, k) is not None}
+
+
+def budget_problem(proc, cfg) -> str | None:
+    """A resolution budget the image processor cannot honour: one without min/max pixels (Gemma 3 resizes every
+    image to its tower's size), or a max_pixels below one token's pixels."""
+    want = budget(cfg)
+    if not want:
+        return None
+    ip = proc.image_processor
+    field = f"vision.{next(iter(want))}"
+    size = getattr(ip, "size", None)
+    if not (hasattr(ip, "merge_size") and getattr(size, "longest_edge", None)):  # Qwen-VL's: pixels, merged patches
+        shown = f"{size.height}x{size.width}" if getattr(size, "height", None) else str(size)
+        return (f"{field}: {type(ip).__name__} takes no pixel budget (it resizes every image to {shown}, a fixed "
+                "number of tokens); leave vision.min_pixels / max_pixels out for this model")
+    per = (getattr(ip, "patch_size", 14) * getattr(ip, "merge_size", 2)) ** 2
+    if want.get("max_pixels", per) < per:
+        return f"vision.max_pixels: {want['max_pixels']} is below one image token ({per} pixels)"
+    return None
+
+
+def load_processor(path: str, revision: str | None = None, trust_remote_code: bool = False, **budget_kw):
+    """The model folder's processor (a ProcessorMixin with an image processor), or UserError. `budget_kw`:
+    min_pixels / max_pixels for the image processor (budget())."""
+    from transformers import AutoProcessor, ProcessorMixin
+
+    try:
+        proc = AutoProcessor.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code,
+                                             **budget_kw)
+    except Exception as exc:  # a missing preprocessor/processor config; Qwen-VL's video processor without torchvision
+        raise UserError(f"model.path: {path}: cannot load the model's processor for image rows: "
+                        f"{first_line(exc)[:300]}") from None
+    if not isinstance(proc, ProcessorMixin) or getattr(proc, "image_processor", None) is None:
+        raise UserError(f"model.path: {path}: has no image processor (processor_config.json / "
+                        "preprocessor_config.json); image rows need one")
+    return proc
+
+
+def marker_count(proc, text: str) -> int:
+    """Image markers in a rendered conversation, as the processor counts them (Gemma 3: <start_of_image>;
+    Qwen-VL: <|image_pad|>)."""
+    mark = getattr(proc, "image_token", None)
+    return text.count(mark) if isinstance(mark, str) and mark else -1
+
+
+def row_problems(proc, rows, locate) -> list[tuple[str, str]]:
+    """(where, why) of each image row the processor's chat template cannot take: it fails, or it renders
+    another number of image markers than the row has images (Qwen's processor accepts two images for one
+    marker; the model fails later), or its turns are not prefixes of the whole (the labels need them)."""
+    bad = []
+    for i, row in enumerate(rows):
+        msgs, n = row["messages"], len(row.get("images") or [])  # a text source of a mixture has none
+        try:
+            text = proc.apply_chat_template(msgs, tokenize=False)
+            marks = marker_count(proc, text)
+            if marks not in (-1, n):
+                bad.append((locate(i), f"the chat template renders {marks} image marker(s) for the row's {n} "
+                            "image(s) (it must render one per {\"type\": \"image\"} part)"))
+                continue
+            for k, m in enumerate(msgs):
+                if m["role"] == "assistant":
+                    prompt = proc.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=True)
+                    through = proc.apply_chat_template(msgs[:k + 1], tokenize=False)
+                    if not (text.startswith(through) and through.startswith(prompt)):
+                        bad.append((locate(i), f"messages[{k}]: the chat template does not render the turns as "
+                                    "prefixes of the conversation (the assistant turns cannot be located)"))
+                        break
+        except Exception as exc:  # jinja2's TemplateError (raise_exception), or no template at all
+            bad.append((locate(i), f"the processor's chat template rejects this conversation: {first_line(exc)[:200]}"))
+    return bad
+
+
+def _processor_json(folder: str) -> dict:
+    """The image processor's settings in the model folder (processor_config.json's image_processor, or
+    preprocessor_config.json), read as JSON: no processor built."""
+    import json
+    from pathlib import Path
+
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        f = Path(folder) / name
+        if f.is_file():
+            try:
+                doc = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            doc = doc.get("image_processor", doc) if isinstance(doc, dict) else {}
+            if isinstance(doc, dict):
+                return doc
+    return {}
+
+
+def tokens_per_image(mc, folder: str, want: dict | None = None) -> str | None:
+    """How many tokens an image becomes, from the config and the processor's settings (`want`: vision.min_pixels /
+    max_pixels where set), or None: unknown."""
+    v = getattr(mc, "vision_config", None)
+    if getattr(mc, "mm_tokens_per_image", None):  # Gemma 3: fixed, the image resized to the tower's size
+        size = getattr(v, "image_size", None)
+        return f"{mc.mm_tokens_per_image} tokens per image" + (f" ({size}x{size} pixels)" if size else "")
+    merge, patch = getattr(v, "spatial_merge_size", None), getattr(v, "patch_size", None)
+    if merge and patch:  # Qwen-VL: by resolution, between the processor's min and max pixels
+        ip = {**_processor_json(folder), **(want or {})}
+        size = ip.get("size") if isinstance(ip.get("size"), dict) else {}
+        lo = ip.get("min_pixels") or size.get("shortest_edge") or 56 * 56
+        hi = ip.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280
+        per = (patch * merge) ** 2
+        return (f"{max(1, lo // per)}-{hi // per} tokens per image by its resolution (min_pixels {lo:,}, "
+                f"max_pixels {hi:,}: {per} pixels a token)")
+    return None
+
+
+def plan_note(cfg, mc, folder: str, tower_params: int) -> str:
+    """`--plan`'s line on a vision-language model: image tokens, the tower, which parts train."""
+    tokens = tokens_per_image(mc, folder, budget(cfg)) or "tokens per image unknown for this family"
+    trains = ", ".join(cfg.vision.train)
+    frozen = "vision" not in cfg.vision.train and "projector" not in cfg.vision.train
+    return (f"vision-language model ({mc.model_type}): image rows give {tokens}, inside data.max_seq_length; "
+            f"vision tower and projector {tower_params:,} parameters, counted as frozen weights"
+            + ("" if frozen else " (vision.train trains them: their gradients, optimizer state and the tower's "
+               "activations are not counted yet)") + f"; vision.train: {trains}")

@@ -1,0 +1,159 @@
+"""Tiny vision-language models (Gemma 3, Qwen2.5-VL) built from config, each saved with its own
+processor, and small image datasets; nothing comes from a hub.
+
+The processor is the family's own class around the local tokenizer (helpers/tiny.py), an image
+processor at a small fixed size, and a chat template that renders image parts with the family's
+marker (Gemma 3: <boi>; Qwen2.5-VL: <|vision_start|><|image_pad|><|vision_end|>).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from .tiny import _sentences, make_tokenizer
+
+FAMILIES = ("gemma3", "qwen2.5-vl")
+GEMMA_TOKENS = {"boi_token": "<boi>", "eoi_token": "<eoi>", "image_token": "<image>"}
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+IMAGE_MARK = {"gemma3": "<boi>", "qwen2.5-vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+GEMMA_TOKENS_PER_IMAGE = 4  # SigLIP at 28x28 with 14-pixel patches: 4 patches, pooled to 4 tokens
+
+
+def chat_template(family: str) -> str:
+    """The tiny tokenizer's chat template (helpers/tiny.py, no generation markers), with image parts."""
+    part = ("{% for part in message['content'] %}{% if part['type'] == 'image' %}" + IMAGE_MARK[family]
+            + "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}")
+    return ("{% for message in messages %}<|{{ message['role'] }}|>"
+            "{% if message['content'] is string %}{{ message['content'] }}{% else %}" + part + "{% endif %}"
+            "<|end|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def has_torchvision() -> bool:
+    """transformers 5.17's Qwen-VL processors need a video processor, which needs torchvision."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    try:
+        import torchvision  # noqa: F401  (a CUDA build fails to import with the CPU torch)
+    except Exception:
+        return False
+    return True
+
+
+def _gemma3(dir: Path):
+    import transformers as tf
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    tok = tf.AutoTokenizer.from_pretrained(dir, extra_special_tokens=GEMMA_TOKENS)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<pad>", "<s>", "</s>", "<boi>", "<eoi>", "<image>")}
+    text = tf.Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                               sliding_window=32, query_pre_attn_scalar=8, pad_token_id=ids["<pad>"],
+                               bos_token_id=ids["<s>"], eos_token_id=ids["</s>"])
+    vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   image_size=28, patch_size=14)
+    cfg = tf.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                          mm_tokens_per_image=GEMMA_TOKENS_PER_IMAGE, boi_token_index=ids["<boi>"],
+                          eoi_token_index=ids["<eoi>"], image_token_index=ids["<image>"])
+    images = Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
+    proc = tf.Gemma3Processor(image_processor=images, tokenizer=tok, chat_template=chat_template("gemma3"),
+                              image_seq_length=GEMMA_TOKENS_PER_IMAGE)
+    return cfg, tf.Gemma3ForConditionalGeneration, proc
+
+
+def _qwen25vl(dir: Path):
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(dir, extra_special_tokens=QWEN_TOKENS)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ["<pad>", "<s>", "</s>", *QWEN_TOKENS]}
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, pad_token_id=ids["<pad>"],
+                bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0])
+    cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                              vision_end_token_id=ids["<|vision_end|>"])
+    if not has_torchvision():
+        return cfg, tf.Qwen2_5_VLForConditionalGeneration, None
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    # 28x28 pixels: 2x2 patches of 14, merged 2x2 into one token per image.
+    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28, patch_size=14, merge_size=2,
+                                      temporal_patch_size=2)
+    proc = tf.Qwen2_5_VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen2VLVideoProcessor(),
+                                  chat_template=chat_template("qwen2.5-vl"))
+    return cfg, tf.Qwen2_5_VLForConditionalGeneration, proc
+
+
+def make_tiny_vlm(dir: str | Path, family: str = "gemma3", seed: int = 0) -> Path:
+    """A random-init tiny VLM of `family` with its processor, saved in `dir` (Qwen2.5-VL's processor only
+    where torchvision imports: has_torchvision)."""
+    import torch
+
+    dir = Path(dir)
+    make_tokenizer(dir)
+    cfg, cls, proc = {"gemma3": _gemma3, "qwen2.5-vl": _qwen25vl}[family](dir)
+    torch.manual_seed(seed)
+    model = cls(cfg).to(torch.float32)
+    if family == "gemma3":
+        # HF initialises Gemma 3's projector at zero (image features would vanish): give it weights.
+        with torch.no_grad():
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.05)
+    model.save_pretrained(dir, safe_serialization=True)
+    if proc is not None:
+        proc.save_pretrained(dir)
+    return dir
+
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 60, 220), "yellow": (230, 220, 30)}
+
+
+def png_bytes(colour: str, size: int = 28) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), COLOURS[colour]).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def image_rows(n: int, folder: Path | None = None, embed: bool = False, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` chat rows, one image each ("what colour?" -> the colour and a sentence); the images written
+    into `folder` (paths relative to its parent, the data file's folder) or embedded as base64."""
+    rnd = random.Random(seed)
+    sents = _sentences(n, seed)
+    rows = []
+    for i in range(n):
+        colour = rnd.choice(sorted(COLOURS))
+        if embed:
+            image: Any = {"bytes": base64.b64encode(png_bytes(colour)).decode()}
+        else:
+            assert folder is not None
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i}.png").write_bytes(png_bytes(colour))
+            image = f"{folder.name}/{i}.png"
+        rows.append({
+            "messages": [
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what colour?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": f"{colour}. {sents[i]}"}]},
+            ],
+            "images": [image],
+        })
+    return rows
+
+
+def write_image_dataset(path: str | Path, n: int = 16, embed: bool = False, seed: int = 0) -> Path:
+    """JSONL image rows at `path`, their PNGs in `images/` beside it (or embedded)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = image_rows(n, path.parent / "images", embed, seed)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
