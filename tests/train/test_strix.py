@@ -1,8 +1,10 @@
 """planning/strix.py: what Strix Halo (gfx1151) users report breaking, caught before the first step,
 each on stand-in devices (what torch would report there) good and bad, and through the real hooks:
-the memory plan's refusal, the TrainingArguments, finetune's preflight, the trainer's NaN stop."""
+the memory plan's refusal, the TrainingArguments, the resolved run's checks, the trainer's NaN stop."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import yaml
@@ -45,13 +47,13 @@ def _tiny_config(tmp_path, **model):
 
 @pytest.mark.parametrize("dev, named", [(HALO_DEFAULT, True), (HALO_RAISED, False)])
 def test_the_memory_plan_refusal_names_ttm_where_torch_sees_half(tmp_path, monkeypatch, dev, named):
-    from toolbox_train.planning.plan import plan
+    from toolbox_train.planning.run import resolve
 
     # what torch reports on that machine: free memory too small for the plan, and the device itself
     monkeypatch.setattr(memory, "device_memory", lambda override=None, local_rank=0: 1 << 20)
     monkeypatch.setattr(strix, "device", lambda local_rank=0: dev)
     with pytest.raises(UserError) as exc:
-        plan(_tiny_config(tmp_path), ["backend=hf"], check_output=False, import_backend=False, gpu=True)
+        resolve(_tiny_config(tmp_path), ["backend=hf"], check_output=False, gpu=True)
     assert "memory: predicted peak" in str(exc.value)
     assert ("ttm.pages_limit=" in str(exc.value)) is named
 
@@ -67,11 +69,11 @@ def test_dataloader_on_the_unified_memory_apu(workers, gpu, dev, want):
 
 
 def test_training_arguments_take_the_loader_settings(tmp_path, monkeypatch):
-    from toolbox_train.planning.plan import Dist, plan
+    from toolbox_train.planning.run import Dist, resolve
     from toolbox_train.training.arguments import common_args
 
-    p = plan(_tiny_config(tmp_path), check_output=False, import_backend=False, probe_device=False)
-    p.gpu = True  # planned as on the GPU: what the arguments say there
+    p = resolve(_tiny_config(tmp_path), check_output=False, probe_device=False)
+    p = dataclasses.replace(p, gpu=True)  # resolved as on the GPU: what the arguments say there
     monkeypatch.setattr(strix, "device", lambda local_rank=0: HALO_DEFAULT)
     a = common_args(p, Dist())
     assert a["dataloader_num_workers"] == 0 and a["dataloader_pin_memory"] is False
@@ -110,17 +112,32 @@ def test_moe_on_a_hip_whose_grouped_mm_crashes(hip, bad):
     assert strix.moe_problem({"model_type": "llama", "hidden_size": 64}, dev) is None  # dense: no grouped_mm
 
 
-def test_finetune_preflight_refuses_bf16_flash_attention_and_the_moe(tmp_path):
-    from toolbox_train.planning.plan import plan
+def test_the_resolved_run_refuses_bf16_flash_attention_and_the_moe(tmp_path):
+    from toolbox_train.planning.run import resolve
 
-    p = plan(_tiny_config(tmp_path), check_output=False, import_backend=False, probe_device=False)
-    p.gpu, p.precision = True, "bf16"  # as planned on the GPU
+    p = resolve(_tiny_config(tmp_path), check_output=False, probe_device=False)
+    p = dataclasses.replace(p, gpu=True, precision="bf16")  # as resolved on the GPU
     strix.preflight(p, HALO_RAISED)
     assert p.cfg.model.attn_implementation is None
-    p.cfg.model.attn_implementation = "flash_attention_2"
+    flash = p.cfg.model.model_copy(update={"attn_implementation": "flash_attention_2"})
     with pytest.raises(UserError, match="flash_attention_2 in bf16"):
-        strix.preflight(p, HALO_RAISED)
-    p.cfg.model.attn_implementation = None
-    p.model_config = MOE
+        strix.preflight(dataclasses.replace(p, cfg=p.cfg.model_copy(update={"model": flash})), HALO_RAISED)
     with pytest.raises(UserError, match="grouped_mm"):
-        strix.preflight(p, Device("gfx1151", "7.2.0", 96 * GiB, RAM_128GB))
+        strix.preflight(dataclasses.replace(p, model_config=MOE), Device("gfx1151", "7.2.0", 96 * GiB, RAM_128GB))
+
+
+def test_resolve_runs_the_checks_on_this_ranks_gpu(tmp_path, monkeypatch):
+    # resolve on a GPU (finetune's ranks) asks strix; launch's parent (probe_device False) touches no GPU
+    from toolbox_train.planning.run import resolve
+
+    monkeypatch.setattr(memory, "device_memory", lambda override=None, local_rank=0: 64 * GiB)
+    monkeypatch.setattr(memory, "unified_memory", lambda local_rank=0: False)
+    monkeypatch.setattr(strix, "device", lambda local_rank=0: HALO_RAISED)
+    flash = ["backend=hf", "train.precision=fp32", "model.attn_implementation=flash_attention_2"]
+    resolve(_tiny_config(tmp_path), flash, check_output=False, gpu=True)  # fp32: not the record's case
+    from toolbox_train.planning import run
+
+    monkeypatch.setattr(run, "resolve_precision", lambda cfg, gpu, machine: "bf16")
+    with pytest.raises(UserError, match="model.attn_implementation: flash_attention_2 in bf16"):
+        resolve(_tiny_config(tmp_path), flash, check_output=False, gpu=True)
+    resolve(_tiny_config(tmp_path), flash, check_output=False, gpu=True, probe_device=False)

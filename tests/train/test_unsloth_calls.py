@@ -100,12 +100,15 @@ def test_full_and_qlora_calls(tmp_path, tiny_model, fake_unsloth, method, four, 
 
 def test_grpo_sizes_the_model_for_prompt_and_completion(tmp_path, tiny_model, fake_unsloth):
     """GRPO scores prompt + completion: Unsloth's max_seq_length at the prompt's limit alone cut the
-    sequences and stopped at step 1 on an H100 (docs/bench/2026-12-06-h100/grpo-unsloth)."""
+    sequences and stopped at step 1 on an H100 (docs/bench/2026-12-06-h100/grpo-unsloth). The run resolves
+    the length once (seq_tokens: the GRPO unit's extra_tokens on top of data.max_seq_length)."""
     p = _plan(tmp_path, tiny_model, "lora")
     assert fake_unsloth == [] and p.cfg.objective == "sft"
     models.load_unsloth(p, finetune.Dist())
     assert fake_unsloth[0][2]["max_seq_length"] == p.cfg.data.max_seq_length
     fake_unsloth.clear()
-    p.cfg.objective = "grpo"
-    models.load_unsloth(p, finetune.Dist())
-    assert fake_unsloth[0][2]["max_seq_length"] == p.cfg.data.max_seq_length + p.cfg.grpo.max_completion_length
+    data = write_dataset(tmp_path / "d.jsonl")
+    g = finetune.resolve(train_config(tiny_model, data, tmp_path / "g", method="lora", objective="grpo",
+                                      **{"lora.r": 4, "grpo.max_completion_length": 24}))
+    models.load_unsloth(dataclasses.replace(g, backend="unsloth", precision="bf16"), finetune.Dist())
+    assert fake_unsloth[0][2]["max_seq_length"] == g.cfg.data.max_seq_length + 24

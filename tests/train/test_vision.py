@@ -4,6 +4,7 @@ token ids, not the way the collator finds them), the loss a plain HF forward giv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -289,10 +290,11 @@ def test_unsloth_vision_calls(tmp_path, tiny_vlms, monkeypatch, parts):
     mod.FastVisionModel = FastVisionModel
     monkeypatch.setitem(sys.modules, "unsloth", mod)
     data = write_image_dataset(tmp_path / "d" / "train.jsonl", n=2)
-    p = finetune.plan(train_config(tiny_vlms("gemma3"), data, tmp_path / "o", method="lora",
-                                   **{"lora.r": 4, "vision.train": parts}))
-    p.backend, p.precision = "unsloth", "bf16"  # what plan picks on a GPU with unsloth installed
-    model, proc, peft_cfg = loading.load(p, finetune.Dist(), "vision")
+    p = finetune.resolve(train_config(tiny_vlms("gemma3"), data, tmp_path / "o", method="lora",
+                                      **{"lora.r": 4, "vision.train": parts}))
+    # what the run resolves to on a GPU with unsloth installed, its image rows read by preflight
+    p = dataclasses.replace(p, backend="unsloth", precision="bf16", data_format="vision")
+    model, proc, peft_cfg = loading.load(p, finetune.Dist())
     assert peft_cfg is None and proc.image_processor is not None
     (f1, kw1), (f2, kw2) = calls
     assert (f1, f2) == ("from_pretrained", "get_peft_model")
