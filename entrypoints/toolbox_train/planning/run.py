@@ -1,7 +1,8 @@
 """The resolved run: what a fine-tuning run is, once every check that needs no weights has passed.
 
 Small resolvers, each owning its fields and its checks (objective, outputs, backend, precision,
-Liger and the LM head, the model, memory and batch, resume), produce one frozen `ResolvedRun` from
+Liger and the LM head, the model, memory and batch, resume; on this rank's own GPU the Strix Halo
+checks, planning/strix.py), produce one frozen `ResolvedRun` from
 the parsed config, which stays as it was written: the trainer, `launch`, the report, the trackers
 and config.resolved.yaml read the run. Everything that can be wrong with the input is found here,
 before a model is loaded or a file is written (UserError: exit 2). `launch` resolves the run for
