@@ -1,6 +1,8 @@
 """Labels at the very end: OCI, toolbx, the stack and its digest, one per pin."""
 
-from toolbox.components import Component
+from pydantic import Field
+
+from toolbox.components import Component, Model
 
 LABEL_PREFIX = "io.github.toolbox."  # the image labels of the stack and of each pin
 
@@ -27,5 +29,15 @@ def labels(stack, pin_set) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-COMPONENT = Component("labels", applies=lambda s: True, pins=lambda s: {"platform": s.platform},
+class Image(Model):
+    title: str = Field("toolbox", description='image title; the label gets -<stack name> appended')
+    description: str = Field("", description="OCI description label (default: the stack's description)")
+    source: str = Field("https://github.com/toolbox/toolbox", description='OCI source label')
+    licenses: str = Field("Apache-2.0", description='OCI licenses label')
+    vendor: str = Field("toolbox", description='OCI vendor label')
+
+
+COMPONENT = Component("labels", place=110,
+                      block=Image, field=Field(default_factory=Image, description='OCI labels'), key="image",
+                      applies=lambda s: True, pins=lambda s: {"platform": s.platform},
                       runtime="runtime/labels.j2", variables=lambda s, pin_set: {"labels": labels(s, pin_set)})

@@ -42,6 +42,6 @@ def _context(stack):
     return out + ([] if ray is None else [ContextFile("python-lock/ray.txt", text=ray)])
 
 
-COMPONENT = Component("pylock", applies=lambda s: True, pins=_pins, context=_context,
+COMPONENT = Component("pylock", place=100, applies=lambda s: True, pins=_pins, context=_context,
                       variables=lambda s, pin_set: {"python_lock_torch": "python.lock.torch.sha256" in pin_set.pins,
                                                  "python_lock": "python.lock.sha256" in pin_set.pins})

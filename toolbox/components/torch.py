@@ -2,7 +2,12 @@
 
 import shlex
 
-from toolbox.components import Component
+from typing import Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from toolbox.components import Component, Model
+from toolbox.components.values import check_url as _url, check_version as _version, check_wheel_ref
 
 
 def device_extra(stack) -> str:
@@ -74,7 +79,38 @@ def _pins(stack):
     return pins
 
 
-COMPONENT = Component("torch", applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
+class Torch(Model):
+    index_url: Optional[str] = Field(None, description="pip index the torch wheels come from (e.g. AMD's per-target index)")
+    torch: str = Field(description='exact torch version, local tag included (e.g. "2.11.0+rocm7.13.0")')
+    torchvision: Optional[str] = Field(None, description='exact torchvision version, or unset to leave it out')
+    torchaudio: Optional[str] = Field(None, description='exact torchaudio version, or unset to leave it out')
+    multi_arch: bool = Field(False, description="index_url has TheRock's multi-arch layout (whl-multi-arch/, ROCm 7.14 on): "
+                             "torch and torchvision are installed with a [device-<target>] extra per gpu_target, which "
+                             "adds amd-torch-device-<target> and rocm-sdk-device-<target> (the GPU code)")
+    unverified: bool = Field(False, description='true while these versions are not verified against the index')
+    wheels: dict[str, str] = Field(default_factory=dict, description="wheel files of index_url pinned on first use "
+                                   "(`toolbox build` records them in the user's pins file): package -> "
+                                   "'<wheel URL>#sha256=<64 hex>'; installed by that URL, and pip checks the hash. "
+                                   "Also the wheels coupled to torch by exact versions (triton, rocm-sdk-core, "
+                                   "rocm-sdk-libraries, amd-torch-device-<target>, amd-torchvision-device-<target>, "
+                                   "rocm-sdk-device-<target>): 'https://...#sha256=<64 hex>' on torch's +rocm<X> line, "
+                                   "so pip takes none of the ROCm set from an index")
+    _v = field_validator("torch", "torchvision", "torchaudio")(
+        classmethod(lambda cls, v: None if v is None else _version(v))
+    )
+    _u = field_validator("index_url")(classmethod(lambda cls, v: None if v is None else _url(v)))
+
+    @model_validator(mode="after")
+    def _wheels(self) -> "Torch":
+        for name, ref in self.wheels.items():
+            pinned = getattr(self, name, None) if name in ("torch", "torchvision", "torchaudio") else None
+            check_wheel_ref(name, ref, pinned, self.torch, self.torchvision)
+        return self
+
+
+COMPONENT = Component("torch", place=30,
+                      block=Torch, field=Field(description='PyTorch'),
+                      applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
                       # Quoted for the RUN shell: a [device-...] extra is a glob pattern there.
                       # torch_reqs: what later pip steps repeat to keep torch as it is (versions: already
                       # satisfied); torch_install_reqs: what the torch step installs (pinned wheel URLs).

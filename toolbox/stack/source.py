@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from toolbox_train import safe_yaml
 
 from toolbox.errors import UserError
-from toolbox.stack.values import coupled_names
+from toolbox.components.values import coupled_names
 
 
 @dataclass

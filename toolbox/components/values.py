@@ -1,6 +1,6 @@
 """Checks of single stack values (commits, versions, hashes, URLs, GPU targets, pinned wheels),
-used by the stack schema in toolbox.stack.model; each raises ValueError (or FieldError) with the
-message the user sees next to the field's line."""
+used by the components' blocks and the stack schema (toolbox.stack.model); each raises ValueError
+(or FieldError) with the message the user sees next to the field's line."""
 
 from __future__ import annotations
 
