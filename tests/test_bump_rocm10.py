@@ -86,8 +86,8 @@ def test_rocm_to_10_0_is_the_newest_stable_10_0_x_in_core_tarball(repo, stack_co
     changes = bump("rocm", str(stack_copy), "10.0", index_url=index)
     assert changes["rocm.version"] == "10.0.1"  # not 10.1.0, not a 7.x, not another family's
     s = load_stack(str(stack_copy))
-    assert s.rocm.tarball.url == f"{index}therock-dist-linux-gfx1151-10.0.1.tar.gz"
-    assert s.rocm.tarball.sha256 == hashlib.sha256(b"rocm gfx1151-10.0.1").hexdigest()
+    assert s.model.rocm.tarball.url == f"{index}therock-dist-linux-gfx1151-10.0.1.tar.gz"
+    assert s.model.rocm.tarball.sha256 == hashlib.sha256(b"rocm gfx1151-10.0.1").hexdigest()
     # No --to: the newest stable of the line the stack follows is 10.1.0 (10.1.0rc1 is a pre-release).
     with pytest.raises(UserError, match="--to 10.2: .* lists 7.14.0, 7.15.0a20260728, 10.0.0, 10.0.1, 10.1.0rc1, 10.1.0"):
         bump("rocm", str(stack_copy), "10.2", index_url=index)
@@ -114,8 +114,8 @@ def test_torch_through_the_whl_next_redirect_never_takes_a_7x_wheel(repo, stack_
         f"wheel {name[:-4]}".encode()).hexdigest()
     assert changes["torch.wheels.torch"] == want
     s = load_stack(str(stack_copy))
-    assert s.torch.wheels["torch"] == want and s.torch.torch == "2.13.0+rocm10.0.0"
-    assert all("rocm7" not in v for v in s.torch.wheels.values())
+    assert s.model.torch.wheels["torch"] == want and s.model.torch.torch == "2.13.0+rocm10.0.0"
+    assert all("rocm7" not in v for v in s.model.torch.wheels.values())
     after = stack_copy.read_text()
     assert after.count("\n") == before.count("\n") and "# wheels: the cp313 Linux files" in after
 
@@ -202,11 +202,11 @@ def test_rocm_to_the_next_10_x_line_writes_its_own_stack(repo, stack_copy, tmp_p
     out = stack_copy.with_name("gfx1151-rocm10.1.yaml")  # the stack name with its line moved on
     assert changes["stack"] == str(out)
     s = load_stack(str(out))
-    assert s.rocm.version == "10.1.0" and s.rocm.tarball.sha256 == hashlib.sha256(data).hexdigest()
-    assert s.rccl.commit == commit and s.rocm.hip == "7.16"  # from its manifest and its libamdhip64
-    assert (s.torch.torch, s.torch.torchvision, s.torch.torchaudio) == (
+    assert s.model.rocm.version == "10.1.0" and s.model.rocm.tarball.sha256 == hashlib.sha256(data).hexdigest()
+    assert s.model.rccl.commit == commit and s.model.rocm.hip == "7.16"  # from its manifest and its libamdhip64
+    assert (s.model.torch.torch, s.model.torch.torchvision, s.model.torch.torchaudio) == (
         "2.14.0+rocm10.1.0", "0.29.0a0+rocm10.1.0", "2.11.0.3+rocm10.1.0")
-    assert s.torch.wheels == {}  # the 10.0 URLs are not 10.1's: pinned on first use
+    assert s.model.torch.wheels == {}  # the 10.0 URLs are not 10.1's: pinned on first use
     from toolbox.components.bitsandbytes import rocm_library
 
     assert rocm_library(s) == "libbitsandbytes_rocm716.so"  # what the image build checks bitsandbytes loads

@@ -193,10 +193,10 @@ def test_a_new_version_drops_its_wheel_pin(tmp_path):
     ref = f"{WHEEL}#sha256={'a' * 64}"
     f = tmp_path / "mine.yaml"
     f.write_text(f"extends: gfx1151\nname: mine\ntorch:\n  wheels:\n    torch: {ref}\n")
-    assert load_stack(str(f)).torch.wheels == {"torch": ref}
+    assert load_stack(str(f)).model.torch.wheels == {"torch": ref}
     # a pin of 2.11.0's bytes says nothing about 2.12.0 (nor about another index)
-    assert load_stack(str(f), ["torch.torch=2.12.0+rocm7.13.0"]).torch.wheels == {}
-    assert load_stack(str(f), ["torch.index_url=https://mirror.example/whl/"]).torch.wheels == {}
+    assert load_stack(str(f), ["torch.torch=2.12.0+rocm7.13.0"]).model.torch.wheels == {}
+    assert load_stack(str(f), ["torch.index_url=https://mirror.example/whl/"]).model.torch.wheels == {}
 
 
 def test_first_use_list_unchanged_by_wheel_pins():

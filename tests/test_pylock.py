@@ -126,7 +126,7 @@ def test_amd_wheels_are_first_use_and_the_rest_is_locked():
     assert "torch" not in pkgs and "nvidia-cublas" not in pkgs  # PyPI's torch did not stand in
     assert {"transformers", "tokenizers", "huggingface-hub", "numpy", "bitsandbytes"} <= set(pkgs)
     # the PyPI bitsandbytes wheel the stack pins by sha256 is one of the lock's files
-    assert f"--hash=sha256:{stack.bitsandbytes.wheel_sha256}" in "\n".join(pkgs["bitsandbytes"]["block"])
+    assert f"--hash=sha256:{stack.model.bitsandbytes.wheel_sha256}" in "\n".join(pkgs["bitsandbytes"]["block"])
     d = render_dockerfile(stack)
     assert "python-lock/torch.txt" not in d and "torch[device-gfx1151]==2.11.0+rocm7.14.0" in d
     assert "--require-hashes --no-deps -r /opt/toolbox/python-lock/all.txt" in d

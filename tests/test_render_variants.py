@@ -181,10 +181,10 @@ def test_changing_gpu_targets_rederives_or_refuses(tmp_path):
     sha = "a" * 64
     url = "https://example.invalid/therock-dist-linux-gfx110X-all-7.13.0.tar.gz"
     s = load_stack("gfx1151", [f"rocm.tarball.sha256={sha}"])
-    assert s.rocm.tarball.sha256 == sha and not s.rocm.tarball.unverified
+    assert s.model.rocm.tarball.sha256 == sha and not s.model.rocm.tarball.unverified
     s = load_stack("gfx1151", [f"rocm.tarball.sha256={sha}", "gpu_targets=[gfx1100]", f"rocm.tarball.url={url}",
                                "torch.index_url=https://example.invalid/whl/gfx110X-all/"])
-    assert s.rccl_targets == ["gfx1100"] and s.rocm.tarball.sha256 == sha  # set in the same layer: kept
+    assert s.rccl_targets == ["gfx1100"] and s.model.rocm.tarball.sha256 == sha  # set in the same layer: kept
     p = user_stack(tmp_path, f"""
         extends: gfx1151
         gpu_targets: [gfx1100]
@@ -195,12 +195,12 @@ def test_changing_gpu_targets_rederives_or_refuses(tmp_path):
           index_url: https://example.invalid/whl/gfx110X-all/
         """)
     s = load_stack(str(p), [f"rocm.tarball.sha256={sha}"])  # the --set layer sets it: kept
-    assert s.rocm.tarball.sha256 == sha
+    assert s.model.rocm.tarball.sha256 == sha
     base_sha = tmp_path / "pinned.yaml"
     base_sha.write_text(f"extends: gfx1151\nrocm:\n  tarball:\n    sha256: {sha}\n")
     p.write_text(p.read_text().replace("extends: gfx1151", f"extends: {base_sha}"))
     s = load_stack(str(p))  # the parent's sha256 was for the parent's URL: dropped
-    assert s.rocm.tarball.sha256 is None and s.rocm.tarball.unverified and "rocm.tarball" in s.unverified_pins()
+    assert s.model.rocm.tarball.sha256 is None and s.model.rocm.tarball.unverified and "rocm.tarball" in s.unverified_pins()
     text = render_dockerfile(s)
     assert text.count('-DGPU_TARGETS="gfx1100"') == 3 and '-DBNB_ROCM_ARCH="gfx1100"' in text  # +llama.cpp
     assert f"--url {url}" in text and "dist tarball for gfx1100" in text

@@ -112,7 +112,7 @@ def amd(tmp_path_factory):
     version under rocm/whl-next/<name>/; setuptools is this interpreter's own, packed as a wheel."""
     root = tmp_path_factory.mktemp("amd") / "rocm" / "whl-next"
     refs = {}
-    for name, ref in load_stack("gfx1151-rocm10.0").torch.wheels.items():
+    for name, ref in load_stack("gfx1151-rocm10.0").model.torch.wheels.items():
         file = unquote(ref.partition("#")[0].rsplit("/", 1)[1])
         if name == "setuptools":
             filename, data = installed_wheel("setuptools")
@@ -151,8 +151,8 @@ def base_venv(tmp_path_factory):
 def steps(refs: dict[str, str]) -> dict:
     """closed_set() of the shipped stack with each URL swapped for its local copy."""
     s = load_stack("gfx1151-rocm10.0")
-    torch = s.torch.model_copy(update={"wheels": refs})
-    return closed_set(types.SimpleNamespace(torch=torch, gpu_targets=s.gpu_targets))
+    torch = s.model.torch.model_copy(update={"wheels": refs})
+    return closed_set(types.SimpleNamespace(model=s.model.model_copy(update={"torch": torch})))
 
 
 def run_step(venv: Path, pypi: str, refs: dict[str, str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
@@ -193,7 +193,7 @@ def test_the_rendered_step_asks_no_index_for_the_rocm_set():
     assert st["install"][:3] == ["--no-index", "--no-deps", "--no-build-isolation"]
     assert st["setuptools"][:2] == ["--no-index", "--no-deps"]
     # every pin is in the --no-index call, each by URL and sha256
-    assert len(st["install"]) - 3 == len(s.torch.wheels) - 1 and all(" @ " in r and "#sha256=" in r for r in st["install"][3:])
+    assert len(st["install"]) - 3 == len(s.model.torch.wheels) - 1 and all(" @ " in r and "#sha256=" in r for r in st["install"][3:])
     assert "ROCM_SDK_TARGET_FAMILY=gfx1151" in step and "requires.py --closed" in step
 
 

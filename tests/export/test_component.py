@@ -15,7 +15,7 @@ def test_rocm_stack_builds_hip_for_its_targets():
     from toolbox.components.llama_cpp import cmake_flags
 
     s = load_stack("gfx1151")
-    assert s.llama_cpp.commit == COMMIT and s.llama_cpp.backend == "hip"
+    assert s.model.llama_cpp.commit == COMMIT and s.model.llama_cpp.backend == "hip"
     flags = cmake_flags(s)
     assert "-DGGML_HIP=ON" in flags and '-DGPU_TARGETS="gfx1151"' in flags
     from toolbox.render import render_dockerfile as render

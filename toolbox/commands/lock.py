@@ -38,8 +38,8 @@ def run(args) -> int:
         stack = load_stack(args.stack, args.overrides)
         found = stack.python_lock.whole  # read once by load_stack
         if found is None:
-            cmd = " ".join(["toolbox lock --stack", args.stack or stack.name, *(f"--set {o}" for o in args.overrides)])
-            raise UserError(f"{pylock.lock_path(stack)}: not made from stack {stack.name}'s pins: run `{cmd}`")
+            cmd = " ".join(["toolbox lock --stack", args.stack or stack.model.name, *(f"--set {o}" for o in args.overrides)])
+            raise UserError(f"{pylock.lock_path(stack)}: not made from stack {stack.model.name}'s pins: run `{cmd}`")
         print(f"{found}: current")
         return 0
     out = relock(args.stack, args.find_links, upgrade=args.upgrade, overrides=args.overrides)

@@ -42,29 +42,29 @@ DEVEL_PACKAGES = {
 
 
 def os_packages(stack, kind: str) -> list[str]:
-    fam = stack.base.family
+    fam = stack.model.base.family
     table = {"toolbx": TOOLBX_PACKAGES, "runtime": RUNTIME_PACKAGES, "devel": DEVEL_PACKAGES}[kind]
     pkgs = list(table[fam])
     if kind == "runtime" and fam == "fedora":
-        pkgs.append(stack.base.python)
+        pkgs.append(stack.model.base.python)
     if kind == "runtime" and fam == "debian":
         pkgs.append("python3")
-    if kind == "runtime" and stack.platform in ("rocm", "cuda"):
+    if kind == "runtime" and stack.model.platform in ("rocm", "cuda"):
         pkgs += RDMA_PACKAGES[fam]  # GPU images train across nodes; the cpu image uses gloo over TCP
     return sorted(set(pkgs))
 
 
 def _pins(stack):
-    pins = {"base.image": stack.base.image}
-    if stack.base.digest:
-        pins["base.digest"] = stack.base.digest
+    pins = {"base.image": stack.model.base.image}
+    if stack.model.base.digest:
+        pins["base.digest"] = stack.model.base.digest
     return pins
 
 
 def _variables(stack, pin_set):
     return {
         "packages": {k: os_packages(stack, k) for k in ("runtime", "toolbx", "devel")},
-        "python": "python3" if stack.base.family == "debian" else stack.base.python,
+        "python": "python3" if stack.model.base.family == "debian" else stack.model.base.python,
     }
 
 

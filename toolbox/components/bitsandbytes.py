@@ -13,7 +13,7 @@ from toolbox.components.values import (
 
 
 def _pins(stack):
-    b = stack.bitsandbytes
+    b = stack.model.bitsandbytes
     if b.source == "git":
         return {"bitsandbytes.commit": b.commit, "bitsandbytes.version": b.version}
     return {"bitsandbytes.version": b.version, "bitsandbytes.source": "pypi",
@@ -23,11 +23,11 @@ def _pins(stack):
 def rocm_library(stack) -> str:
     """The library bitsandbytes loads for the stack's ROCm: libbitsandbytes_rocm<major><minor>.so of
     HIP's version (torch.version.hip: 7.14 on ROCm 7.14, 7.15 on ROCm 10.0), not of the ROCm release."""
-    return f"libbitsandbytes_rocm{''.join(stack.rocm.hip.split('.')[:2])}.so"
+    return f"libbitsandbytes_rocm{''.join(stack.model.rocm.hip.split('.')[:2])}.so"
 
 
 def _built(stack) -> bool:
-    return stack.bitsandbytes.source == "git"
+    return stack.model.bitsandbytes.source == "git"
 
 
 class Bitsandbytes(Model):
@@ -61,8 +61,8 @@ class Bitsandbytes(Model):
 COMPONENT = Component(
     "bitsandbytes", place=40,
     block=Bitsandbytes, field=Field(None, description='bitsandbytes built from source (platform rocm only)'),
-    applies=lambda s: s.bitsandbytes is not None and s.platform == "rocm",
+    applies=lambda s: s.model.bitsandbytes is not None and s.model.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
     builds=_built, needs_devel=_built,
-    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": s.rocm.hip},
+    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": s.model.rocm.hip},
 )

@@ -9,11 +9,11 @@ NAMES = ("accelerate", "datasets", "peft", "transformers", "trl")
 
 
 def requirements(stack) -> list[str]:
-    return [f"{n}=={getattr(stack.hf, n)}" for n in NAMES]
+    return [f"{n}=={getattr(stack.model.hf, n)}" for n in NAMES]
 
 
 def _pins(stack):
-    return {f"{n}.version": getattr(stack.hf, n) for n in NAMES}
+    return {f"{n}.version": getattr(stack.model.hf, n) for n in NAMES}
 
 
 class Hf(Model):

@@ -20,14 +20,14 @@ TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion", "llama-cli"
 
 
 def _pins(stack):
-    l = stack.llama_cpp
+    l = stack.model.llama_cpp
     pins = {"llama_cpp.source": l.source, "llama_cpp.commit": l.commit, "llama_cpp.backend": l.backend,
             "llama_cpp.sentencepiece": l.sentencepiece}
     if l.source == "pypi":
         pins["llama_cpp.version"] = l.version
         pins["llama_cpp.sdist_sha256"] = l.sdist_sha256
     if l.backend == "hip":
-        pins["llama_cpp.gpu_targets"] = ",".join(stack.gpu_targets)
+        pins["llama_cpp.gpu_targets"] = ",".join(stack.model.gpu_targets)
     return pins
 
 
@@ -37,10 +37,10 @@ def cmake_flags(stack) -> list[str]:
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_CCACHE=ON",
              "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
              "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF"]
-    backend = stack.llama_cpp.backend
+    backend = stack.model.llama_cpp.backend
     if backend == "hip":
-        flags += ["-DGGML_HIP=ON", f'-DGPU_TARGETS="{";".join(stack.gpu_targets)}"',
-                  f"-DCMAKE_HIP_COMPILER={stack.rocm.prefix}/llvm/bin/clang"]
+        flags += ["-DGGML_HIP=ON", f'-DGPU_TARGETS="{";".join(stack.model.gpu_targets)}"',
+                  f"-DCMAKE_HIP_COMPILER={stack.model.rocm.prefix}/llvm/bin/clang"]
     elif backend == "cuda":
         flags += ["-DGGML_CUDA=ON"]
     return flags
@@ -53,7 +53,7 @@ RUNTIME_PACKAGES = {"debian": ["libgomp1"], "fedora": ["libgomp"]}
 
 def _variables(stack, pin_set):
     return {"llama_cpp_flags": cmake_flags(stack), "llama_cpp_targets": list(TARGETS),
-            "llama_cpp_packages": RUNTIME_PACKAGES[stack.base.family]}
+            "llama_cpp_packages": RUNTIME_PACKAGES[stack.model.base.family]}
 
 
 class LlamaCpp(Model):
@@ -83,7 +83,7 @@ class LlamaCpp(Model):
 COMPONENT = Component(
     "llama_cpp", place=70,
     block=LlamaCpp, field=Field(None, description="llama.cpp's tools and GGUF converter (export/evaluate)"),
-    applies=lambda s: s.llama_cpp is not None, pins=_pins,
+    applies=lambda s: s.model.llama_cpp is not None, pins=_pins,
     builder="stages/llama_cpp.j2", runtime="runtime/llama_cpp.j2",
     needs_devel=lambda s: True, variables=_variables,
 )

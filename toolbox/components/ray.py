@@ -16,7 +16,7 @@ class Ray(Model):
 
 COMPONENT = Component("ray", place=80,
                       block=Ray, field=Field(None, description="Ray Train for `launch --launcher ray` (unset: the image has no Ray)"),
-                      applies=lambda s: s.ray is not None,
-                      pins=lambda s: {"ray.version": s.ray.version}, runtime="runtime/ray.j2",
+                      applies=lambda s: s.model.ray is not None,
+                      pins=lambda s: {"ray.version": s.model.ray.version}, runtime="runtime/ray.j2",
                       # unlocked (a stale lock), the template names hf_reqs + torch_reqs again, as hf.j2 does
-                      variables=lambda s, pin_set: {"ray_req": f"ray[train]=={s.ray.version}"})
+                      variables=lambda s, pin_set: {"ray_req": f"ray[train]=={s.model.ray.version}"})

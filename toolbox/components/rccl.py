@@ -14,7 +14,7 @@ HIPCHECK = PROJECT_ROOT / "toolbox" / "rccl" / "hipcheck.py"
 
 
 def _pins(stack):
-    r = stack.rccl
+    r = stack.model.rccl
     return {
         "rccl.commit": r.commit or "unverified",
         "rccl.repo": r.repo,
@@ -85,7 +85,7 @@ class Rccl(Model):
 COMPONENT = Component(
     "rccl", place=20,
     block=Rccl, field=Field(None, description='RCCL built from source with a patch series (platform rocm only)'),
-    applies=lambda s: s.rccl is not None, pins=_pins,
+    applies=lambda s: s.model.rccl is not None, pins=_pins,
     builder="stages/rccl.j2", runtime="runtime/rccl.j2", needs_devel=lambda s: True,
     variables=lambda s, pin_set: {"rccl_series": series_in_context(s)}, context=_context,
 )

@@ -16,8 +16,8 @@ TARBALL_LAYOUT = ["bin/hipcc", "bin/rocminfo", "lib/libamdhip64.so", "share/ther
 
 
 def _pins(stack):
-    r = stack.rocm
-    pins = {"rocm.version": r.version, "rocm.source": r.source, "gpu_targets": ",".join(stack.gpu_targets)}
+    r = stack.model.rocm
+    pins = {"rocm.version": r.version, "rocm.source": r.source, "gpu_targets": ",".join(stack.model.gpu_targets)}
     if r.hip_version:
         pins["rocm.hip_version"] = r.hip_version
     if r.source == "tarball":
@@ -30,7 +30,7 @@ def _pins(stack):
 
 
 def _variables(stack, pin_set):
-    stage = "rocm-fetch" if stack.rocm.source == "tarball" else "rocm-build"
+    stage = "rocm-fetch" if stack.model.rocm.source == "tarball" else "rocm-build"
     return {"rocm_stage": stage, "rocm_layout": TARBALL_LAYOUT}
 
 
@@ -101,6 +101,6 @@ class Rocm(Model):
 COMPONENT = Component(
     "rocm", place=10,
     block=Rocm, field=Field(None, description='ROCm (platform rocm only)'),
-    applies=lambda s: s.rocm is not None, pins=_pins,
+    applies=lambda s: s.model.rocm is not None, pins=_pins,
     builder="stages/rocm.j2", runtime="runtime/rocm.j2", variables=_variables,
 )

@@ -14,13 +14,13 @@ def device_extra(stack) -> str:
     """`[device-gfx1151]` for a multi-arch index (TheRock RELEASES.md, multi-arch PyTorch): the
     extra pulls amd-torch-device-<target> and rocm-sdk-device-<target>, the GPU code; without it
     pip installs host code only."""
-    if not stack.torch.multi_arch:
+    if not stack.model.torch.multi_arch:
         return ""
-    return "[" + ",".join(f"device-{t}" for t in stack.gpu_targets) + "]"
+    return "[" + ",".join(f"device-{t}" for t in stack.model.gpu_targets) + "]"
 
 
 def requirements(stack) -> list[str]:
-    t = stack.torch
+    t = stack.model.torch
     extra = device_extra(stack)
     reqs = [f"torch{extra}=={t.torch}"]
     if t.torchvision:
@@ -39,10 +39,10 @@ def install_requirements(stack) -> list[str]:
     out = []
     for req in requirements(stack):
         name = req.split("[", 1)[0].split("==", 1)[0]
-        ref = stack.torch.wheels.get(name)
+        ref = stack.model.torch.wheels.get(name)
         out.append(f"{req.split('==', 1)[0]} @ {ref}" if ref else req)
     own = ("torch", "torchvision", "torchaudio", "setuptools")
-    return out + [f"{name} @ {ref}" for name, ref in sorted(stack.torch.wheels.items()) if name not in own]
+    return out + [f"{name} @ {ref}" for name, ref in sorted(stack.model.torch.wheels.items()) if name not in own]
 
 
 def closed_set(stack) -> dict | None:
@@ -53,18 +53,18 @@ def closed_set(stack) -> dict | None:
     rocm, rocm-sdk-core, amd-torch-device-gfx115x, rocm-bootstrap); `check`: requires.py --closed,
     which fails unless every requirement a wheel of the set has on a ROCm name is met by another;
     `env`: for the sdist's build, which would ask offload-arch (no GPU in a build) for the target."""
-    wheels = stack.torch.wheels
+    wheels = stack.model.torch.wheels
     if "torch" not in wheels or "rocm" not in wheels:
         return None
     head = ["--no-index", "--no-deps"]
     return {"setuptools": [*head, f"setuptools @ {wheels['setuptools']}"] if "setuptools" in wheels else [],
             "install": [*head, "--no-build-isolation", *install_requirements(stack)],
             "check": ["--closed", *requirements(stack)],
-            "env": {"ROCM_SDK_TARGET_FAMILY": stack.gpu_targets[0], "ROCM_BOOTSTRAP_DISABLE_DETECTION": "1"}}
+            "env": {"ROCM_SDK_TARGET_FAMILY": stack.model.gpu_targets[0], "ROCM_BOOTSTRAP_DISABLE_DETECTION": "1"}}
 
 
 def _pins(stack):
-    t = stack.torch
+    t = stack.model.torch
     pins = {"torch.version": t.torch}
     if t.torchvision:
         pins["torchvision.version"] = t.torchvision

@@ -21,7 +21,7 @@ REQUIRES = PROJECT_ROOT / "dockerfiles" / "scripts" / "requires.py"
 
 
 def _pins(stack):
-    u = stack.unsloth
+    u = stack.model.unsloth
     pins = {"unsloth.version": u.version, "unsloth_zoo.version": u.zoo_version}
     if u.source == "git":
         pins["unsloth.commit"] = u.commit
@@ -38,7 +38,7 @@ def wheel_name(dist: str, version: str) -> str:
 def patches(stack) -> list[dict]:
     """Each patch in order: its name in the context, and its file (checked at load) or URL + sha256."""
     out, files = [], iter(stack.unsloth_patches)
-    for i, p in enumerate(stack.unsloth.patches):
+    for i, p in enumerate(stack.model.unsloth.patches):
         if p.file is not None:
             f = next(files)
             out.append({"name": f"{i:02d}-{f.name}", "url": None, "sha256": None, "src": f})
@@ -74,7 +74,7 @@ def missing_ok(stack) -> list[str]:
 
 
 def _requirements(stack) -> tuple[list[str], list[str]]:
-    u = stack.unsloth
+    u = stack.model.unsloth
     extras = f"[{','.join(sorted(u.extras))}]" if u.extras else ""
     if u.source == "git":
         wheels = [wheel_name("unsloth", u.version), wheel_name("unsloth_zoo", u.zoo_version)]
@@ -104,7 +104,7 @@ def _context(stack):
 
 
 def _git(stack) -> bool:
-    return stack.unsloth.source == "git"
+    return stack.model.unsloth.source == "git"
 
 
 class PatchRef(Model):
@@ -152,7 +152,7 @@ class Unsloth(Model):
 COMPONENT = Component(
     "unsloth", place=60,
     block=Unsloth, field=Field(None, description='Unsloth and unsloth_zoo'),
-    applies=lambda s: s.unsloth is not None, pins=_pins,
+    applies=lambda s: s.model.unsloth is not None, pins=_pins,
     builder="stages/unsloth.j2", runtime="runtime/unsloth.j2",
     builds=_git, needs_devel=_git, variables=_variables, context=_context,
 )

@@ -112,9 +112,9 @@ def _index_wheels(index_url: str, project: str) -> list[wheel_index.Wheel]:
 def resolve_torch(stack, index_url: str, to: str | None, rocm: str | None = None) -> dict[str, str]:
     """torch/torchvision/torchaudio versions for the stack's ROCm (or `rocm`: a new line's, whose
     wheels the stack file does not pin yet) from its pip index."""
-    local = f"rocm{rocm or stack.rocm.version}"
-    m = re.fullmatch(r"python(\d)\.(\d+)", stack.base.python or "")
-    interp = f"cp{m[1]}{m[2]}" if m and stack.base.family == "fedora" else None
+    local = f"rocm{rocm or stack.model.rocm.version}"
+    m = re.fullmatch(r"python(\d)\.(\d+)", stack.model.base.python or "")
+    interp = f"cp{m[1]}{m[2]}" if m and stack.model.base.family == "fedora" else None
     torches = wheel_index.versions(_index_wheels(index_url, "torch"), local=local, interpreter=interp)
     if not torches:
         raise ToolError(f"{wheel_index.project_url(index_url, 'torch')}: no torch wheel +{local}"
@@ -128,13 +128,13 @@ def resolve_torch(stack, index_url: str, to: str | None, rocm: str | None = None
         torches = set(cands)
     torch = max(torches)
     out = {"torch.torch": str(torch)}
-    if stack.torch.torchvision:
+    if stack.model.torch.torchvision:
         vision = {v for v in wheel_index.versions(_index_wheels(index_url, "torchvision"), local=local, interpreter=interp)
                   if v.release[:2] == (0, torch.minor + 15)}
         if not vision:
             raise ToolError(f"{index_url}: no torchvision 0.{torch.minor + 15}.* +{local} to pair with torch {torch}")
         out["torch.torchvision"] = str(max(vision))
-    if stack.torch.torchaudio:
+    if stack.model.torch.torchaudio:
         # torchaudio is built at torch's version up to ROCm 7.x; ROCm 10.0's index pairs torch
         # 2.13.0 with torchaudio 2.11.0.2 (same local tag): the same version where there is one,
         # else the newest not above torch's.
@@ -145,8 +145,8 @@ def resolve_torch(stack, index_url: str, to: str | None, rocm: str | None = None
         out["torch.torchaudio"] = str(max(paired))
     if rocm is None:
         out.update(_rewheel(stack, index_url, out, interp))
-    if stack.torch.multi_arch:
-        for target in stack.gpu_targets:
+    if stack.model.torch.multi_arch:
+        for target in stack.model.gpu_targets:
             device = f"amd-torch-device-{target}"
             if torch not in wheel_index.versions(_index_wheels(index_url, device)):
                 raise ToolError(f"{index_url}: torch {torch} has no {device} {torch} (the GPU code of "
@@ -162,7 +162,7 @@ def _rewheel(stack, index_url: str, versions: dict[str, str], interp: str | None
 
     out = {}
     path = stack.source
-    for name in stack.torch.wheels:
+    for name in stack.model.torch.wheels:
         key = f"torch.wheels.{name}"
         if not _has(path, key) or f"torch.{name}" not in versions:
             continue
@@ -254,29 +254,29 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
     stack = load_stack(str(path))
     changes: dict[str, object] = {}
     if component == "rocm":
-        if stack.rocm is None or stack.rocm.source != "tarball":
+        if stack.model.rocm is None or stack.model.rocm.source != "tarball":
             raise UserError(f"{path}: rocm: bump rocm needs a tarball ROCm (use `bump therock` for source)")
-        index = index_url or stack.rocm.tarball.url.rsplit("/", 1)[0] + "/"
-        version, url = resolve_tarball(index, stack.gpu_targets[0], to)
+        index = index_url or stack.model.rocm.tarball.url.rsplit("/", 1)[0] + "/"
+        version, url = resolve_tarball(index, stack.model.gpu_targets[0], to)
         # Within ROCm 10 each minor is a line of its own (torch +rocm10.0.0 vs +rocm10.1.0): its own stack.
-        if version.split(".")[0] == stack.rocm.version.split(".")[0] and version.split(".")[:2] != \
-                stack.rocm.version.split(".")[:2] and int(version.split(".")[0]) >= 10 and stack.torch.index_url:
+        if version.split(".")[0] == stack.model.rocm.version.split(".")[0] and version.split(".")[:2] != \
+                stack.model.rocm.version.split(".")[:2] and int(version.split(".")[0]) >= 10 and stack.model.torch.index_url:
             return new_line(path, stack, version, url, index_url)
-        if version.split(".")[0] != stack.rocm.version.split(".")[0] and stack.torch.index_url:
+        if version.split(".")[0] != stack.model.rocm.version.split(".")[0] and stack.model.torch.index_url:
             # The torch pins name their ROCm (+rocm<version>): a new line needs its own torch
             # build, and often another index (whl-next/ from 10.0): not something to guess.
-            raise UserError(f"{path}: rocm: {stack.rocm.version} -> {version} changes the ROCm line; torch "
-                            f"{stack.torch.torch} is built for the old one: start from a stack of that line "
+            raise UserError(f"{path}: rocm: {stack.model.rocm.version} -> {version} changes the ROCm line; torch "
+                            f"{stack.model.torch.torch} is built for the old one: start from a stack of that line "
                             "(e.g. gfx1151-rocm10.0, `toolbox stacks`) or set rocm and torch together")
         changes = {"rocm.version": version, "rocm.tarball.url": url, "rocm.tarball.sha256": sha256_url(url),
                    "rocm.tarball.unverified": False}
     elif component == "torch":
-        if stack.rocm is None or not (index_url or stack.torch.index_url):
+        if stack.model.rocm is None or not (index_url or stack.model.torch.index_url):
             raise UserError(f"{path}: torch: bump torch needs a ROCm stack with torch.index_url (or --index-url)")
-        changes = dict(resolve_torch(stack, index_url or stack.torch.index_url, to))
+        changes = dict(resolve_torch(stack, index_url or stack.model.torch.index_url, to))
         changes["torch.unverified"] = False
     elif component == "base":
-        image = stack.base.image
+        image = stack.model.base.image
         if to and to != "latest":
             image = f"{image.rpartition(':')[0]}:{to}"
             changes["base.image"] = image
@@ -339,7 +339,7 @@ def new_line(path: Path, stack, version: str, url: str, index_url: str | None) -
     from toolbox.stack.pinning import download
     from toolbox.stack.load import STACKS_DIR
 
-    old, new = ".".join(stack.rocm.version.split(".")[:2]), ".".join(version.split(".")[:2])
+    old, new = ".".join(stack.model.rocm.version.split(".")[:2]), ".".join(version.split(".")[:2])
     name = stack.model.name.replace(f"rocm{old}", f"rocm{new}")
     name = name if name != stack.model.name else f"{name}-rocm{new}"
     out = path.with_name(f"{name}.yaml")
@@ -348,19 +348,19 @@ def new_line(path: Path, stack, version: str, url: str, index_url: str | None) -
     with tempfile.TemporaryDirectory(prefix="toolbox-bump-") as tmp:
         sha = download(url, Path(tmp) / "rocm.tar.gz")
         commit, hip = tarball_facts(Path(tmp) / "rocm.tar.gz")
-    if stack.rccl is not None and commit is None:
+    if stack.model.rccl is not None and commit is None:
         raise ToolError(f"{url}: its TheRock manifest names no rocm-systems commit: RCCL's cannot be taken from it")
-    torch = resolve_torch(stack, stack.torch.index_url, None, rocm=version)  # (index_url is the tarballs')
+    torch = resolve_torch(stack, stack.model.torch.index_url, None, rocm=version)  # (index_url is the tarballs')
     parent = stack.model.name if path.resolve().parent == STACKS_DIR.resolve() else path.name
     q = lambda v: f'"{v}"'
     lines = [f"# Written by `toolbox bump rocm --to {new}` from {path.name}: ROCm {version}'s tarball (sha256",
              "# hashed on download), RCCL at the rocm-systems commit its TheRock manifest names, HIP as its",
-             f"# libamdhip64 names it, torch from {stack.torch.index_url} (wheels pinned on first use).",
+             f"# libamdhip64 names it, torch from {stack.model.torch.index_url} (wheels pinned on first use).",
              f"extends: {parent}", f"name: {name}", f"description: {stack.model.description.replace(old, new)}",
              "rocm:", f"  version: {q(version)}"]
     lines += [f"  hip_version: {q(hip)}"] if hip else []
     lines += ["  tarball:", f"    url: {url}", f"    sha256: {sha}", "    unverified: false"]
-    lines += ["rccl:", f"  commit: {commit}"] if stack.rccl is not None else []
+    lines += ["rccl:", f"  commit: {commit}"] if stack.model.rccl is not None else []
     lines += ["torch:"] + [f"  {k.split('.', 1)[1]}: {q(v)}" for k, v in torch.items()]
     text = "\n".join(lines) + "\n"
     tmp = out.with_name(f".{out.name}.bump")

@@ -286,9 +286,9 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
     (fetching on first use)."""
     pins_file = pins_file or PinsFile()
     out: list[PinUpdate] = []
-    rocm = getattr(stack, "rocm", None)
+    rocm = stack.model.rocm
     if rocm is not None and rocm.source == "tarball" and rocm.tarball.sha256 is None:
-        rccl = getattr(stack, "rccl", None)
+        rccl = stack.model.rccl
         sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), pins_file=pins_file,
                           frozen=frozen, ca_bundle=ca_bundle)
         out += [PinUpdate(("rocm", "tarball", "sha256"), sha), PinUpdate(("rocm", "tarball", "unverified"), False)]
@@ -297,8 +297,8 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
             # No public record names this release's RCCL commit (ROCm 10.1): its own manifest does.
             _loud(f"rccl.commit {commit}: the rocm-systems commit {MANIFEST} of {rocm.tarball.url} names")
             out += [PinUpdate(("rccl", "commit"), commit), PinUpdate(("rccl", "unverified"), False)]
-    torch = getattr(stack, "torch", None)
-    if torch is not None and stack.platform == "rocm" and torch.index_url:
+    torch = stack.model.torch
+    if torch is not None and stack.model.platform == "rocm" and torch.index_url:
         # AMD's wheel index: only the user's network reaches it, so its wheels are not in the
         # checked-in Python lock (toolbox.stack.pylock's first-use list); pinned here instead.
         for name in ("torch", "torchvision", "torchaudio"):
@@ -307,7 +307,7 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
                 ref = pin_wheel(torch.index_url, name, version, python_version(stack), pins_file=pins_file,
                                 frozen=frozen, ca_bundle=ca_bundle)
                 out.append(PinUpdate(("torch", "wheels", name), ref))
-    base = stack.base
+    base = stack.model.base
     if base.digest is None and base.unverified:
         digest = pin_image(base.image, pins_file=pins_file, frozen=frozen, probe=probe or engine_digest(engine))
         out += [PinUpdate(("base", "digest"), digest), PinUpdate(("base", "unverified"), False)]

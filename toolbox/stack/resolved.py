@@ -38,8 +38,6 @@ class Stack:
         else:  # pin updates touch no patch field: what the first load read and checked stays
             self.rccl_series = derived_from.rccl_series
             self.unsloth_patches = derived_from.unsloth_patches
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
 
     @property
     def rccl_targets(self) -> list[str]:
