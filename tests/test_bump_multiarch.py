@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.httpd import serve_folder
-from toolbox.stack.bump import bump
+from toolbox.stack.bumping import bump
 from toolbox.errors import ToolError, UserError
 from toolbox.paths import STACKS_DIR
 from toolbox.stack.load import load_stack

@@ -18,7 +18,7 @@ import pytest
 from helpers.httpd import Quiet, serve_folder
 from toolbox.errors import UserError
 from toolbox.paths import STACKS_DIR
-from toolbox.stack.bump import bump
+from toolbox.stack.bumping import bump
 from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,7 +210,7 @@ def test_rocm_to_the_next_10_x_line_writes_its_own_stack(repo, stack_copy, tmp_p
     from toolbox.components.bitsandbytes import rocm_library
 
     assert rocm_library(s) == "libbitsandbytes_rocm716.so"  # what the image build checks bitsandbytes loads
-    from toolbox.render import render_dockerfile
+    from toolbox.rendering import render_dockerfile
 
     text = render_dockerfile(s)  # it renders: RCCL at that commit, torch from the index (first use)
     assert f"git-fetch.sh https://github.com/ROCm/rocm-systems {commit}" in text

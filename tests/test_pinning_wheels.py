@@ -201,10 +201,10 @@ def test_a_new_version_drops_its_wheel_pin(tmp_path):
 
 def test_first_use_list_unchanged_by_wheel_pins():
     """Pinning a wheel must not make the checked-in Python lock stale (its inputs are versions)."""
-    from toolbox.stack import pylock
+    from toolbox.stack import python_lock
 
     plain = load_stack("gfx1151")
     pinned = load_stack("gfx1151", [f"torch.wheels.torch={WHEEL}#sha256={'a' * 64}"])
-    assert pylock.inputs_digest(pinned) == pylock.inputs_digest(plain)
-    assert pylock.current(pinned) is not None
+    assert python_lock.inputs_digest(pinned) == python_lock.inputs_digest(plain)
+    assert python_lock.current(pinned) is not None
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import dockerfile
 import pytest
 
-from toolbox.render import render_dockerfile, write_context
+from toolbox.rendering import render_dockerfile, write_context
 from toolbox.paths import PROJECT_ROOT
 from toolbox.stack.load import load_stack
 
@@ -226,12 +226,12 @@ def test_unsloth_patches_need_a_source_build(tmp_path):
 def test_rocm_unsloth_from_pypi_locked(tmp_path):
     """gfx1151's PyPI Unsloth (issue 24): in the hash-checked lock, less what the ROCm image takes
     elsewhere (triton: the ROCm torch's; xformers: CUDA-only; bitsandbytes: built from git)."""
-    from toolbox.stack import pylock
+    from toolbox.stack import python_lock
 
     s = load_stack("gfx1151")
     text = render_dockerfile(s)
     assert "unsloth-build" not in text and "unsloth[" not in text
-    lock = pylock.current(s).read_text()
+    lock = python_lock.current(s).read_text()
     for name in ("triton", "xformers", "bitsandbytes"):
         assert f"# left out: {name}, which PyPI Unsloth requires" in lock
         assert f"\n{name}==" not in lock
@@ -241,7 +241,7 @@ def test_rocm_unsloth_from_pypi_locked(tmp_path):
     assert "pip.sh install" not in step and 'assert "+rocm" in v' in step
     assert "pip.sh check --missing-ok xformers \\" in text
     # the 7.14 stack installs PyPI's bitsandbytes (in its lock): only triton and xformers are left out
-    lock714 = pylock.current(load_stack("gfx1151-rocm7.14")).read_text()
+    lock714 = python_lock.current(load_stack("gfx1151-rocm7.14")).read_text()
     assert "# left out: bitsandbytes" not in lock714 and "\nbitsandbytes==0.50.1 \\" in lock714
     # cuda takes everything from PyPI: nothing left out, pip check unconditional
     cuda = render_dockerfile(load_stack("cuda"))

@@ -32,7 +32,7 @@ from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
 from helpers.httpd import serve_folder
 from toolbox.components.torch import closed_set
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]

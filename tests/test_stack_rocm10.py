@@ -12,7 +12,7 @@ import pytest
 from toolbox.components.bitsandbytes import rocm_library
 from toolbox.components.torch import install_requirements, requirements
 from toolbox.paths import DEFAULT_STACK
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack, stack_names
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack
 
 

@@ -78,18 +78,18 @@ def _fill_wheelhouse(src: Path, ctx: Path) -> None:
 
 def run(args) -> int:
     from toolbox.engines import BuildSpec, get_engine, quote, require
-    from toolbox.render import write_context
+    from toolbox.rendering import write_context
     from toolbox.run_options import default_tag
     from toolbox.stack.load import load_stack, with_pins
 
-    from toolbox.stack import pinning, pylock
+    from toolbox.stack import pinning, python_lock
 
     stack = load_stack(args.stack, args.overrides)
     _check_inputs(args)
     # A stale Python lock: exit 2 before anything is fetched (its warnings come after pinning's lines).
     if args.frozen and args.unlocked:
         raise UserError("--unlocked builds without the Python lock's hashes: not with --frozen")
-    lock_warning = pylock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
+    lock_warning = python_lock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
     engine = get_engine(args.engine)
     if not args.allow_unverified or args.frozen:
         # The ROCm tarball's sha256 / base digest: from the user's pins file, else fetched once now.

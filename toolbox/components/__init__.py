@@ -1,6 +1,6 @@
 """Components: one module per installed thing (ROCm, RCCL, torch, ...), each owning all of it.
 
-`toolbox.render` knows no component by name: it loops over `active(stack)` and collects what
+`toolbox.rendering` knows no component by name: it loops over `active(stack)` and collects what
 each one contributes through the hooks below (the shape of hpc-container-maker's building
 blocks, which own their build steps and their runtime copy, and of repo2docker's build packs,
 whose `get_packages`/`get_env`/`get_build_script_files` hooks one generic `render()` collects).

@@ -49,7 +49,7 @@ def patches(stack) -> list[dict]:
 
 def left_out(stack) -> dict[str, str]:
     """What PyPI Unsloth requires that a ROCm image does not take from PyPI: {name: why}, sorted
-    (torch, torchvision, torchaudio are the stack's own torch pins: pylock.first_use)."""
+    (torch, torchvision, torchaudio are the stack's own torch pins: stack.python_lock.first_use)."""
     m = stack.model
     u = m.unsloth
     if m.platform != "rocm" or u is None or u.source != "pypi":

@@ -5,8 +5,8 @@
 - `resolved`: the `Stack` every command gets; `load`: `load_stack()` and the shipped stacks.
 - `digest`: the stack's pins and their digest (the image tag), `stack.lock.yaml` in the image.
 - `pinning`: first-use pins (ROCm tarball hash, AMD wheels, base digest) in the user's pins file.
-- `pylock`: the Python lock (`toolbox lock`): every Python package with its hashes, per stack.
-- `wheel_index`: reading a PEP 503 wheel index; `bump`: moving a stack's pins to new releases.
+- `python_lock`: the Python lock (`toolbox lock`): every Python package with its hashes, per stack.
+- `wheel_index`: reading a PEP 503 wheel index; `bumping`: moving a stack's pins to new releases.
 
 Nothing is imported here, so importing one module pulls in only what that module needs.
 """

@@ -38,7 +38,7 @@ from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.paths import cache_dir, state_dir
 from toolbox.stack import statefiles, wheel_index
-from toolbox.stack.pylock import python_version
+from toolbox.stack.python_lock import python_version
 
 PINS_FILE = "pins.lock.json"  # the name users have; the word for it is "pins file"
 MANIFEST = "share/therock/therock_manifest.json"
@@ -300,7 +300,7 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
     torch = stack.model.torch
     if torch is not None and stack.model.platform == "rocm" and torch.index_url:
         # AMD's wheel index: only the user's network reaches it, so its wheels are not in the
-        # checked-in Python lock (toolbox.stack.pylock's first-use list); pinned here instead.
+        # checked-in Python lock (toolbox.stack.python_lock's first-use list); pinned here instead.
         for name in ("torch", "torchvision", "torchaudio"):
             version = getattr(torch, name)
             if version is not None and name not in torch.wheels:

@@ -24,7 +24,7 @@ class Stack:
     (`pin_set`: the pins and their digest, set by load_stack once the components' pins are known)."""
 
     pin_set: "PinSet"
-    python_lock: Any  # toolbox.stack.pylock.LockState, set by load_stack (not imported: pylock names components)
+    python_lock: Any  # toolbox.stack.python_lock.LockState, set by load_stack (not imported: python_lock names components)
 
     def __init__(self, model: StackModel, source: Path, origin: Origin, raw: dict,
                  derived_from: "Stack | None" = None):
