@@ -16,9 +16,8 @@
   pytorch/whl-next/ or core/whl-next/; links are resolved where the page is). A multi-arch index (torch.multi_arch, whl-multi-arch/) must also list
   amd-torch-device-<target> at that torch version for every GPU target.
   `--to 10.1` on a stack of ROCm 10.0 (each 10.x minor is a torch line of its own) writes a new
-  stack beside it (gfx1151-rocm10.1) extending it, with the facts of that release's own files:
-  the tarball's sha256, RCCL at the commit its TheRock manifest names, HIP's version from its
-  libamdhip64, torch/torchvision/torchaudio of its exact line (wheels pinned on first use).
+  stack beside it (gfx1151-rocm10.1) extending it, from that release's own files
+  (toolbox.stack.newline).
 - rccl, bitsandbytes, unsloth, unsloth_zoo, therock: a git ref (--to TAG|BRANCH, default the
   remote's HEAD) resolved to its 40-hex commit with `git ls-remote`.
 - base: an image tag resolved to its manifest digest through the registry's v2 API.
@@ -261,7 +260,9 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
         # Within ROCm 10 each minor is a line of its own (torch +rocm10.0.0 vs +rocm10.1.0): its own stack.
         if version.split(".")[0] == stack.rocm.version.split(".")[0] and version.split(".")[:2] != \
                 stack.rocm.version.split(".")[:2] and int(version.split(".")[0]) >= 10 and stack.torch.index_url:
-            return new_line(path, stack, version, url, index_url)
+            from toolbox.stack.newline import new_line
+
+            return new_line(path, stack, version, url)
         if version.split(".")[0] != stack.rocm.version.split(".")[0] and stack.torch.index_url:
             # The torch pins name their ROCm (+rocm<version>): a new line needs its own torch
             # build, and often another index (whl-next/ from 10.0): not something to guess.
@@ -308,67 +309,3 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
 
 def _has(path: Path, dotted: str) -> bool:
     return tuple(dotted.split(".")) in field_lines(path)
-
-
-def tarball_facts(tarball: Path) -> tuple[str | None, str | None]:
-    """(the rocm-systems commit its TheRock manifest names, HIP's major.minor from its libamdhip64.so.X.Y.Z)."""
-    import tarfile
-
-    from toolbox.stack.pinning import manifest_commit
-
-    hip = None
-    with tarfile.open(tarball, "r:*") as tf:
-        for name in tf.getnames():
-            m = re.search(r"(?:^|/)lib/libamdhip64\.so\.(\d+)\.(\d+)\.\d+$", name)
-            if m:
-                hip = f"{m[1]}.{m[2]}"
-                break
-    return manifest_commit(tarball), hip
-
-
-def new_line(path: Path, stack, version: str, url: str, index_url: str | None) -> dict[str, object]:
-    """`bump rocm --to 10.1` on a stack of another ROCm 10 line (gfx1151-rocm10.0): a new stack file
-    beside it, extending it, with what that release's own files say: the tarball's sha256 (hashed
-    here), RCCL at the rocm-systems commit its TheRock manifest names, HIP's version from its
-    libamdhip64 (what bitsandbytes picks its library by; the image build checks both), and torch,
-    torchvision, torchaudio of its exact +rocm<version> line from torch.index_url. AMD's index
-    publishes no sha256s: the wheels are pinned on first use (the first build records them, a
-    later one refuses other bytes), and the whole set is not pinned by URL yet."""
-    import tempfile
-
-    from toolbox.stack.pinning import download
-    from toolbox.stack.load import STACKS_DIR
-
-    old, new = ".".join(stack.rocm.version.split(".")[:2]), ".".join(version.split(".")[:2])
-    name = stack.model.name.replace(f"rocm{old}", f"rocm{new}")
-    name = name if name != stack.model.name else f"{name}-rocm{new}"
-    out = path.with_name(f"{name}.yaml")
-    if out.exists():
-        raise UserError(f"{out}: exists already; bump it in place (`toolbox bump rocm --stack {out}`) or remove it")
-    with tempfile.TemporaryDirectory(prefix="toolbox-bump-") as tmp:
-        sha = download(url, Path(tmp) / "rocm.tar.gz")
-        commit, hip = tarball_facts(Path(tmp) / "rocm.tar.gz")
-    if stack.rccl is not None and commit is None:
-        raise ToolError(f"{url}: its TheRock manifest names no rocm-systems commit: RCCL's cannot be taken from it")
-    torch = resolve_torch(stack, stack.torch.index_url, None, rocm=version)  # (index_url is the tarballs')
-    parent = stack.model.name if path.resolve().parent == STACKS_DIR.resolve() else path.name
-    q = lambda v: f'"{v}"'
-    lines = [f"# Written by `toolbox bump rocm --to {new}` from {path.name}: ROCm {version}'s tarball (sha256",
-             "# hashed on download), RCCL at the rocm-systems commit its TheRock manifest names, HIP as its",
-             f"# libamdhip64 names it, torch from {stack.torch.index_url} (wheels pinned on first use).",
-             f"extends: {parent}", f"name: {name}", f"description: {stack.model.description.replace(old, new)}",
-             "rocm:", f"  version: {q(version)}"]
-    lines += [f"  hip_version: {q(hip)}"] if hip else []
-    lines += ["  tarball:", f"    url: {url}", f"    sha256: {sha}", "    unverified: false"]
-    lines += ["rccl:", f"  commit: {commit}"] if stack.rccl is not None else []
-    lines += ["torch:"] + [f"  {k.split('.', 1)[1]}: {q(v)}" for k, v in torch.items()]
-    text = "\n".join(lines) + "\n"
-    tmp = out.with_name(f".{out.name}.bump")
-    tmp.write_text(text, encoding="utf-8")
-    try:
-        load_stack(str(tmp))
-    finally:
-        tmp.unlink(missing_ok=True)
-    atomic_write(out, text)
-    return {"stack": str(out), "rocm.version": version, "rocm.tarball.sha256": sha, "rocm.hip_version": hip,
-            "rccl.commit": commit, **torch}
