@@ -176,7 +176,7 @@ WHEEL = "https://x.example/torch-2.11.0%2Brocm7.13.0-cp312-cp312-linux_x86_64.wh
 
 
 @pytest.mark.parametrize("value, message", [
-    (f"{WHEEL}", "expected '<wheel URL>#sha256=<64 hex>'"),
+    (f"{WHEEL}#sha256=", "expected '<wheel URL>#sha256=<64 hex>'"),  # the URL alone: pinned on first use
     (f"{WHEEL}#sha256={'A' * 64}", "expected '<wheel URL>#sha256=<64 hex>'"),
     (f"https://x.example/torch-2.10.0-cp312-cp312-linux_x86_64.whl#sha256={'a' * 64}",
      "the wheel is version 2.10.0, but torch.torch pins 2.11.0+rocm7.13.0"),

@@ -103,8 +103,8 @@ SHA_A = "a" * 64
 
 
 @pytest.mark.parametrize("name,ref,why", [
-    ("triton", "https://x.example/triton-3.8.0%2Bgit4cff872c.rocm10.0.0-cp313-cp313-linux_x86_64.whl",
-     "expected 'https://<wheel URL>#sha256=<64 hex>'"),  # no hash
+    ("triton", "https://x.example/triton-3.8.0%2Bgit4cff872c.rocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=",
+     "expected 'https://<wheel URL>#sha256=<64 hex>'"),  # an empty hash (no '#sha256=' at all: first use)
     ("rocm-sdk-core", f"http://x.example/rocm_sdk_core-10.0.0-py3-none-linux_x86_64.whl#sha256={SHA_A}",
      "expected 'https://<wheel URL>#sha256=<64 hex>'"),  # not https
     ("rocm-sdk-core", f"https://x.example/rocm_sdk_core-10.0.0-py3-none-linux_x86_64.whl#sha256={'a' * 63}",
@@ -166,6 +166,22 @@ def test_fault_injection_unset_leaves_rcclss_default(tmp_path):
     p.write_text("extends: gfx1151-rocm10.0\nrccl:\n  fault_injection: null\n")
     s = load_stack(str(p))
     assert "FAULT_INJECTION" not in rccl_stage(render_dockerfile(s)) and "rccl.fault_injection" not in s.pins()
+
+
+def test_bitsandbytes_on_10_1_reads_hip_in_the_build_and_wants_its_exact_library():
+    """ROCm 10.1's HIP is no pin (first use): the image build reads torch.version.hip, names the
+    library bitsandbytes picks, and fails unless it is the exact build for that HIP."""
+    s = load_stack("gfx1151-rocm10.1")
+    assert s.model.rocm.hip_version is None and rocm_library(s) is None
+    text = render_dockerfile(s)
+    start = text.index("# HIP's version is read here")
+    check = text[start:text.index("# Hugging Face stack", start)]
+    assert 'want = f"libbitsandbytes_rocm{hip[0]}{hip[1]}.so"' in check and "lib.name == want and lib.is_file()" in check
+    assert "bitsandbytes 0.50.2 has no {want} for HIP {torch.version.hip} (it picked {lib.name})" in check
+    assert "rocm715" not in check and "7.15" not in check
+    # a stack that says its HIP keeps the exact check
+    pinned = load_stack("gfx1151-rocm10.1", ["rocm.hip_version=7.16"])
+    assert rocm_library(pinned) == "libbitsandbytes_rocm716.so" and 'assert hip == "7.16"' in render_dockerfile(pinned)
 
 
 def test_bitsandbytes_library_follows_hip_not_the_rocm_release():

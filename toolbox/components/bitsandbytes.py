@@ -20,10 +20,19 @@ def _pins(stack):
             "bitsandbytes.wheel_sha256": b.wheel_sha256 or "unverified"}
 
 
-def rocm_library(stack) -> str:
+def hip(stack) -> str | None:
+    """HIP's major.minor as the stack knows it: rocm.hip_version, else a 7.x release's own; None for
+    a ROCm 10+ release whose HIP no record gives (10.1): the image build reads torch.version.hip."""
+    r = stack.model.rocm
+    return r.hip_version or (r.hip if int(r.version.split(".")[0]) < 10 else None)
+
+
+def rocm_library(stack) -> str | None:
     """The library bitsandbytes loads for the stack's ROCm: libbitsandbytes_rocm<major><minor>.so of
-    HIP's version (torch.version.hip: 7.14 on ROCm 7.14, 7.15 on ROCm 10.0), not of the ROCm release."""
-    return f"libbitsandbytes_rocm{''.join(stack.model.rocm.hip.split('.')[:2])}.so"
+    HIP's version (torch.version.hip: 7.14 on ROCm 7.14, 7.15 on ROCm 10.0), not of the ROCm release;
+    None where HIP's version is read in the image build."""
+    h = hip(stack)
+    return None if h is None else f"libbitsandbytes_rocm{''.join(h.split('.')[:2])}.so"
 
 
 def _built(stack) -> bool:
@@ -64,5 +73,5 @@ COMPONENT = Component(
     applies=lambda s: s.model.bitsandbytes is not None and s.model.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
     builds=_built, needs_devel=_built,
-    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": s.model.rocm.hip},
+    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": hip(s)},
 )

@@ -37,12 +37,19 @@ def install_requirements(stack) -> list[str]:
     a direct URL is the only candidate pip has for that name. setuptools (the rocm sdist's build
     backend) is not among them: closed_set() installs it first."""
     out = []
+    wheels = {n: hashed(ref) for n, ref in stack.model.torch.wheels.items()}
     for req in requirements(stack):
         name = req.split("[", 1)[0].split("==", 1)[0]
-        ref = stack.model.torch.wheels.get(name)
+        ref = wheels.get(name)
         out.append(f"{req.split('==', 1)[0]} @ {ref}" if ref else req)
     own = ("torch", "torchvision", "torchaudio", "setuptools")
-    return out + [f"{name} @ {ref}" for name, ref in sorted(stack.model.torch.wheels.items()) if name not in own]
+    return out + [f"{name} @ {ref}" for name, ref in sorted(wheels.items()) if name not in own]
+
+
+def hashed(ref: str) -> str:
+    """A wheel ref as the image installs it: a URL whose sha256 is left to first use (`toolbox
+    build` fills it in) renders as #sha256=UNVERIFIED, which no file matches, as the tarball's does."""
+    return ref if "#sha256=" in ref else f"{ref}#sha256=UNVERIFIED"
 
 
 def closed_set(stack) -> dict | None:
@@ -57,7 +64,7 @@ def closed_set(stack) -> dict | None:
     if "torch" not in wheels or "rocm" not in wheels:
         return None
     head = ["--no-index", "--no-deps"]
-    return {"setuptools": [*head, f"setuptools @ {wheels['setuptools']}"] if "setuptools" in wheels else [],
+    return {"setuptools": [*head, f"setuptools @ {hashed(wheels['setuptools'])}"] if "setuptools" in wheels else [],
             "install": [*head, "--no-build-isolation", *install_requirements(stack)],
             "check": ["--closed", *requirements(stack)],
             "env": {"ROCM_SDK_TARGET_FAMILY": stack.model.gpu_targets[0], "ROCM_BOOTSTRAP_DISABLE_DETECTION": "1"}}
@@ -75,7 +82,7 @@ def _pins(stack):
     if t.multi_arch:
         pins["torch.device_extra"] = device_extra(stack)
     for name, ref in sorted(t.wheels.items()):
-        pins[f"{name}.wheel_sha256"] = ref.rsplit("#sha256=", 1)[1]
+        pins[f"{name}.wheel_sha256"] = ref.rsplit("#sha256=", 1)[1] if "#sha256=" in ref else "unverified"
     return pins
 
 

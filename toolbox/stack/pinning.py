@@ -179,6 +179,23 @@ def pin_tarball(url: str, *, rccl_commit: str | None, pins_file: PinsFile, froze
     return got
 
 
+def pin_file(url: str, field: str, *, pins_file: PinsFile, frozen: bool, ca_bundle: Path | None = None) -> str:
+    """The sha256 of a file the stack names by URL alone (`field`: a torch.wheels entry): from the
+    pins file, else downloaded once into the cache, hashed and recorded; pip checks it in the image."""
+    entry = pins_file.file(url)
+    if entry is not None:
+        return entry["sha256"]
+    if frozen:
+        raise UserError(f"--frozen: {field} {url} has no sha256 and is not in the pins file {pins_file.path}; "
+                        f"build once without --frozen, or --set {field}='{url}#sha256=<64 hex>'")
+    got = download(url, cached_path(url), ca_bundle=ca_bundle)
+    pins_file.data["files"][url] = {"sha256": got, "locked": _now()}
+    pins_file.save()
+    _loud(f"{url} sha256 {got} ({field}: no public record gives it; recorded in {pins_file.path}, "
+          "later builds install exactly these bytes: pip checks the hash)")
+    return got
+
+
 def _fetch_text(url: str, ca_bundle: Path | None) -> tuple[str, str]:
     """(the page, the URL it came from after redirects: ROCm 10's stable whl-next/ sends each
     project page on to pytorch/whl-next/ or core/whl-next/, and relative links resolve there)."""
@@ -307,6 +324,14 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
                 ref = pin_wheel(torch.index_url, name, version, python_version(stack), pins_file=pins_file,
                                 frozen=frozen, ca_bundle=ca_bundle)
                 out.append(PinUpdate(("torch", "wheels", name), ref))
+    if torch is not None:
+        # The ROCm set pinned by URL whose sha256s no record gives (ROCm 10.1): hashed on first use.
+        for name, ref in sorted(torch.wheels.items()):
+            if "#sha256=" not in ref:
+                sha = pin_file(ref, f"torch.wheels.{name}", pins_file=pins_file, frozen=frozen, ca_bundle=ca_bundle)
+                out.append(PinUpdate(("torch", "wheels", name), f"{ref}#sha256={sha}"))
+        if torch.unverified and any(u.path[:2] == ("torch", "wheels") for u in out):
+            out.append(PinUpdate(("torch", "unverified"), False))
     base = stack.model.base
     if base.digest is None and base.unverified:
         digest = pin_image(base.image, pins_file=pins_file, frozen=frozen, probe=probe or engine_digest(engine))
