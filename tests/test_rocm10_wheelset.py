@@ -123,7 +123,7 @@ def layout(root: Path, stack: str, deps: dict) -> dict[str, str]:
     """{name: 'file://...#sha256=...'}: the stack's every pin as a local file of the same name and
     version under rocm/whl-next/<name>/; setuptools is this interpreter's own, packed as a wheel."""
     refs = {}
-    for name, ref in load_stack(stack).torch.wheels.items():
+    for name, ref in load_stack(stack).model.torch.wheels.items():
         file = unquote(ref.partition("#")[0].rsplit("/", 1)[1])
         if name == "setuptools":
             filename, data = installed_wheel("setuptools")
@@ -163,7 +163,7 @@ def steps(refs: dict[str, str], stack: str = "gfx1151-rocm10.0") -> dict:
     """closed_set() of the shipped stack with each URL swapped for its local copy."""
     s = load_stack(stack)
     torch = s.model.torch.model_copy(update={"wheels": refs})
-    return closed_set(types.SimpleNamespace(torch=torch, gpu_targets=s.model.gpu_targets))
+    return closed_set(types.SimpleNamespace(model=s.model.model_copy(update={"torch": torch})))
 
 
 def run_step(venv: Path, pypi: str, refs: dict[str, str], tmp_path: Path,
@@ -318,9 +318,9 @@ def test_10_1_ships_the_whole_set_by_url_with_first_use_sha256s():
 
 def test_10_1_first_use_pins_the_set_and_pip_installs_it_from_no_index(first_use, pypi, base_venv, tmp_path):
     pinned, local, pins = first_use
-    assert pinned.unverified_pins() == [] and pinned.rccl.commit == "c0ffee" + "0" * 34
+    assert pinned.unverified_pins() == [] and pinned.model.rccl.commit == "c0ffee" + "0" * 34
     refs = {}
-    for name, ref in pinned.torch.wheels.items():
+    for name, ref in pinned.model.torch.wheels.items():
         url, _, sha = ref.partition("#sha256=")
         data = Path(unquote(local[name].removeprefix("file://"))).read_bytes()
         if name not in ("rocm-bootstrap", "setuptools"):  # these two keep their recorded sha256s
@@ -342,8 +342,8 @@ def test_10_1_first_use_pins_are_refused_when_the_bytes_change(first_use, tmp_pa
     triton.write_bytes(triton.read_bytes() + b"\0")  # AMD's file replaced after the first build
     again = with_pins(load_stack("gfx1151-rocm10.1"), pinning.first_use_pins(
         load_stack("gfx1151-rocm10.1"), frozen=True, pins_file=pinning.PinsFile(pins.path)))
-    assert again.torch.wheels == pinned.torch.wheels  # the recorded sha256s, with no download
-    refs = {n: f"{local[n]}#sha256={r.partition('#sha256=')[2]}" for n, r in again.torch.wheels.items()
+    assert again.model.torch.wheels == pinned.model.torch.wheels  # the recorded sha256s, with no download
+    refs = {n: f"{local[n]}#sha256={r.partition('#sha256=')[2]}" for n, r in again.model.torch.wheels.items()
             if n not in ("rocm-bootstrap", "setuptools")}
     st = steps({**refs, **{n: r for n, r in layout(tmp_path / "x", "gfx1151-rocm10.1", DEPS_10_1).items()
                            if n in ("rocm-bootstrap", "setuptools")}}, "gfx1151-rocm10.1")
