@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers.httpd import Quiet, serve_folder
-from toolbox.stack.bump import bump
+from toolbox.stack.bumping import bump
 from toolbox.errors import UserError
 from toolbox.paths import STACKS_DIR
 from toolbox.stack.load import load_stack
@@ -59,8 +59,8 @@ def test_bump_rocm_newest_tarball(server, stack_copy):
     assert changes["rocm.version"] == "7.13.0"  # version order, not string order (7.9 < 7.13)
     assert changes["rocm.tarball.sha256"] == want
     s = load_stack(str(stack_copy))
-    assert s.rocm.tarball.sha256 == want and not s.rocm.tarball.unverified
-    assert s.rocm.tarball.url == f"{base}/tarball/therock-dist-linux-gfx1151-7.13.0.tar.gz"
+    assert s.model.rocm.tarball.sha256 == want and not s.model.rocm.tarball.unverified
+    assert s.model.rocm.tarball.url == f"{base}/tarball/therock-dist-linux-gfx1151-7.13.0.tar.gz"
     assert "rocm.tarball" not in s.unverified_pins()
     after = stack_copy.read_text()
     # Comments survive; only the pinned lines change.
@@ -107,7 +107,7 @@ def test_bump_git_ref_to_commit(tmp_path, stack_copy):
     text = stack_copy.read_text().replace("https://github.com/bitsandbytes-foundation/bitsandbytes", f"file://{repo}")
     stack_copy.write_text(text)
     assert bump("bitsandbytes", str(stack_copy), "0.51.0")["bitsandbytes.commit"] == tagged
-    assert load_stack(str(stack_copy)).bitsandbytes.commit == tagged
+    assert load_stack(str(stack_copy)).model.bitsandbytes.commit == tagged
     assert bump("bitsandbytes", str(stack_copy), "latest")["bitsandbytes.commit"] == head
     with pytest.raises(UserError, match="no such ref"):
         bump("bitsandbytes", str(stack_copy), "no-such-branch")

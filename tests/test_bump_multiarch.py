@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.httpd import serve_folder
-from toolbox.stack.bump import bump
+from toolbox.stack.bumping import bump
 from toolbox.errors import ToolError, UserError
 from toolbox.paths import STACKS_DIR
 from toolbox.stack.load import load_stack
@@ -69,8 +69,8 @@ def test_rocm_newest_stable_and_series(repo, stack_copy):
     changes = bump("rocm", str(stack_copy), "7.14", index_url=index)
     assert changes["rocm.version"] == "7.14.1"
     s = load_stack(str(stack_copy))
-    assert s.rocm.tarball.url == f"{index}therock-dist-linux-gfx1151-7.14.1.tar.gz"
-    assert s.rocm.tarball.sha256 == hashlib.sha256(b"rocm gfx1151-7.14.1").hexdigest()
+    assert s.model.rocm.tarball.url == f"{index}therock-dist-linux-gfx1151-7.14.1.tar.gz"
+    assert s.model.rocm.tarball.sha256 == hashlib.sha256(b"rocm gfx1151-7.14.1").hexdigest()
     assert "rocm.tarball" not in s.unverified_pins()
     with pytest.raises(UserError, match="--to 7.17: .* lists 7.13.0, 7.14.0, 7.14.1, 7.15.0, 7.16.0a20260901"):
         bump("rocm", str(stack_copy), "7.17", index_url=index)
@@ -87,7 +87,7 @@ def test_torch_multi_arch_needs_the_device_package(repo, stack_copy):
     assert changes == {"torch.torch": "2.11.0+rocm7.14.0", "torch.torchvision": "0.26.0+rocm7.14.0",
                        "torch.torchaudio": "2.11.0+rocm7.14.0", "torch.unverified": False}
     s = load_stack(str(stack_copy))
-    assert not s.torch.unverified and s.torch.multi_arch
+    assert not s.model.torch.unverified and s.model.torch.multi_arch
     assert "torch" not in s.unverified_pins()
     after = stack_copy.read_text()
     assert after.count("\n") == before.count("\n") and "# The multi-arch index" in after

@@ -11,14 +11,15 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from helpers.httpd import Quiet, serve_folder
+from helpers.httpd import Quiet, self_signed, serve_folder
 from toolbox.errors import UserError
 from toolbox.paths import STACKS_DIR
-from toolbox.stack.bump import bump
+from toolbox.stack.bumping import bump
 from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +60,12 @@ class Repo(Quiet):
 
 
 @pytest.fixture()
-def repo(tmp_path):
+def repo(tmp_path, request, monkeypatch):
+    """AMD's layout on 127.0.0.1: over http, or https where the test asks (`tls` in its name: the
+    ROCm set's coupled wheels must be https URLs), with its certificate trusted."""
+    tls = self_signed(tmp_path / "tls") if "tls" in request.node.name else None
+    if tls is not None:
+        monkeypatch.setenv("SSL_CERT_FILE", str(tls / "cert.pem"))
     www = tmp_path / "www"
     (www / "rocm" / "core" / "tarball").mkdir(parents=True)
     for name in TARBALLS:
@@ -70,7 +76,7 @@ def repo(tmp_path):
             d.mkdir(parents=True)
             for f in files:
                 (d / f"{f}.whl").write_bytes(f"wheel {f}".encode())
-    with serve_folder(www, Repo) as url:
+    with serve_folder(www, Repo, tls) as url:
         yield f"{url}/rocm"
 
 
@@ -86,8 +92,8 @@ def test_rocm_to_10_0_is_the_newest_stable_10_0_x_in_core_tarball(repo, stack_co
     changes = bump("rocm", str(stack_copy), "10.0", index_url=index)
     assert changes["rocm.version"] == "10.0.1"  # not 10.1.0, not a 7.x, not another family's
     s = load_stack(str(stack_copy))
-    assert s.rocm.tarball.url == f"{index}therock-dist-linux-gfx1151-10.0.1.tar.gz"
-    assert s.rocm.tarball.sha256 == hashlib.sha256(b"rocm gfx1151-10.0.1").hexdigest()
+    assert s.model.rocm.tarball.url == f"{index}therock-dist-linux-gfx1151-10.0.1.tar.gz"
+    assert s.model.rocm.tarball.sha256 == hashlib.sha256(b"rocm gfx1151-10.0.1").hexdigest()
     # No --to: the newest stable of the line the stack follows is 10.1.0 (10.1.0rc1 is a pre-release).
     with pytest.raises(UserError, match="--to 10.2: .* lists 7.14.0, 7.15.0a20260728, 10.0.0, 10.0.1, 10.1.0rc1, 10.1.0"):
         bump("rocm", str(stack_copy), "10.2", index_url=index)
@@ -114,8 +120,8 @@ def test_torch_through_the_whl_next_redirect_never_takes_a_7x_wheel(repo, stack_
         f"wheel {name[:-4]}".encode()).hexdigest()
     assert changes["torch.wheels.torch"] == want
     s = load_stack(str(stack_copy))
-    assert s.torch.wheels["torch"] == want and s.torch.torch == "2.13.0+rocm10.0.0"
-    assert all("rocm7" not in v for v in s.torch.wheels.values())
+    assert s.model.torch.wheels["torch"] == want and s.model.torch.torch == "2.13.0+rocm10.0.0"
+    assert all("rocm7" not in v for v in s.model.torch.wheels.values())
     after = stack_copy.read_text()
     assert after.count("\n") == before.count("\n") and "# wheels: the cp313 Linux files" in after
 
@@ -182,16 +188,32 @@ def _tarball(version: str, commit: str, hip: str) -> bytes:
     return buf.getvalue()
 
 
-def test_rocm_to_the_next_10_x_line_writes_its_own_stack(repo, stack_copy, tmp_path):
+def test_rocm_to_the_next_10_x_line_writes_its_own_stack_tls(repo, stack_copy, tmp_path):
     """bump rocm --to 10.1 on a 10.0 stack: a new stack beside it with 10.1's own facts (issue 38)."""
     www = tmp_path / "www" / "rocm"
     commit = "c0ffee" + "0" * 34
     data = _tarball("10.1.0", commit, "7.16.30101")
     (www / "core" / "tarball" / "therock-dist-linux-gfx1151-10.1.0.tar.gz").write_bytes(data)
-    for project, f in [("torchvision", "torchvision-0.29.0a0+rocm10.1.0-cp313-cp313-" + LINUX),
-                       ("torchaudio", "torchaudio-2.11.0.3+rocm10.1.0-cp313-cp313-" + LINUX),
-                       ("amd-torch-device-gfx1151", "amd_torch_device_gfx1151-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX)]:
-        (www / "pytorch" / "whl-next" / project / f"{f}.whl").write_bytes(b"w")
+    files = {}  # 10.1.0's gfx1151 set, as the shipped stack names its files
+    for where, project, f in [
+            ("pytorch", "torchvision", "torchvision-0.29.0a0+rocm10.1.0-cp313-cp313-" + LINUX),
+            ("pytorch", "torchaudio", "torchaudio-2.11.0.3+rocm10.1.0-cp313-cp313-" + LINUX),
+            ("pytorch", "amd-torch-device-gfx1151", "amd_torch_device_gfx1151-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX),
+            ("pytorch", "amd-torch-device-gfx115x", "amd_torch_device_gfx115x-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX),
+            ("pytorch", "amd-torchvision-device-gfx1151",
+             "amd_torchvision_device_gfx1151-0.29.0a0+rocm10.1.0-cp313-cp313-" + LINUX),
+            ("pytorch", "triton", "triton-3.8.0+git669b31ac.rocm10.1.0-cp313-cp313-" + LINUX),
+            ("pytorch", "triton", "triton-3.8.0+git4cff872c.rocm10.0.0-cp313-cp313-" + LINUX),  # 10.0's: not taken
+            ("core", "rocm-sdk-core", "rocm_sdk_core-10.1.0-py3-none-" + LINUX),
+            ("core", "rocm-sdk-libraries", "rocm_sdk_libraries-10.1.0-py3-none-" + LINUX),
+            ("core", "rocm-sdk-device-gfx1151", "rocm_sdk_device_gfx1151-10.1.0-py3-none-" + LINUX),
+            ("core", "rocm", "rocm-10.0.0.tar.gz"), ("core", "rocm", "rocm-10.1.0.tar.gz")]:
+        name = f if f.endswith(".tar.gz") else f"{f}.whl"
+        (www / where / "whl-next" / project).mkdir(parents=True, exist_ok=True)
+        (www / where / "whl-next" / project / name).write_bytes(f"file {name}".encode())
+        files[name] = hashlib.sha256(f"file {name}".encode()).hexdigest()
+    files["torch-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX + ".whl"] = hashlib.sha256(
+        b"wheel torch-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX.encode()).hexdigest()
     # as 10.1.0's index has it (public install commands: torchaudio 2.11.0.3 beside torch 2.14.0)
     (www / "pytorch" / "whl-next" / "torchaudio" / f"torchaudio-2.14.0+rocm10.1.0-cp313-cp313-{LINUX}.whl").unlink()
     stack_copy.write_text(stack_copy.read_text().replace("index_url: https://stable.repo.amd.com/rocm/whl-next/",
@@ -202,15 +224,28 @@ def test_rocm_to_the_next_10_x_line_writes_its_own_stack(repo, stack_copy, tmp_p
     out = stack_copy.with_name("gfx1151-rocm10.1.yaml")  # the stack name with its line moved on
     assert changes["stack"] == str(out)
     s = load_stack(str(out))
-    assert s.rocm.version == "10.1.0" and s.rocm.tarball.sha256 == hashlib.sha256(data).hexdigest()
-    assert s.rccl.commit == commit and s.rocm.hip == "7.16"  # from its manifest and its libamdhip64
-    assert (s.torch.torch, s.torch.torchvision, s.torch.torchaudio) == (
+    assert s.model.rocm.version == "10.1.0" and s.model.rocm.tarball.sha256 == hashlib.sha256(data).hexdigest()
+    assert s.model.rccl.commit == commit and s.model.rocm.hip == "7.16"  # from its manifest and its libamdhip64
+    assert (s.model.torch.torch, s.model.torch.torchvision, s.model.torch.torchaudio) == (
         "2.14.0+rocm10.1.0", "0.29.0a0+rocm10.1.0", "2.11.0.3+rocm10.1.0")
-    assert s.torch.wheels == {}  # the 10.0 URLs are not 10.1's: pinned on first use
+    # The whole set by URL, each file hashed: the shipped gfx1151-rocm10.1 in meaning (its versions
+    # and URLs; the first-use fields, left unset there, filled in here from AMD's own files).
+    shipped = load_stack("gfx1151-rocm10.1")
+    amd = "https://stable.repo.amd.com/rocm"
+    assert (s.model.rocm.version, s.model.rocm.tarball.url.replace(repo, amd)) == (shipped.model.rocm.version, shipped.model.rocm.tarball.url)
+    assert (s.model.torch.torch, s.model.torch.torchvision, s.model.torch.torchaudio) == (
+        shipped.model.torch.torch, shipped.model.torch.torchvision, shipped.model.torch.torchaudio)
+    assert {n: r.partition("#")[0].replace(repo, amd) for n, r in s.model.torch.wheels.items()} == {
+        n: r.partition("#")[0] for n, r in shipped.model.torch.wheels.items()}
+    for name, ref in s.model.torch.wheels.items():
+        file = urllib.parse.unquote(ref.partition("#")[0].rsplit("/", 1)[1])
+        want = files.get(file) or shipped.model.torch.wheels[name].partition("#sha256=")[2]  # bootstrap, setuptools: 10.0's
+        assert ref.endswith(f"#sha256={want}"), name
+    assert shipped.model.rocm.tarball.sha256 is None and shipped.model.rccl.commit is None and shipped.model.rocm.hip_version is None
     from toolbox.components.bitsandbytes import rocm_library
 
     assert rocm_library(s) == "libbitsandbytes_rocm716.so"  # what the image build checks bitsandbytes loads
-    from toolbox.render import render_dockerfile
+    from toolbox.rendering import render_dockerfile
 
     text = render_dockerfile(s)  # it renders: RCCL at that commit, torch from the index (first use)
     assert f"git-fetch.sh https://github.com/ROCm/rocm-systems {commit}" in text

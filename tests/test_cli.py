@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from toolbox import cli
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]

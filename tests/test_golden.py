@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack, stack_names
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

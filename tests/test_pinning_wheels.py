@@ -176,7 +176,7 @@ WHEEL = "https://x.example/torch-2.11.0%2Brocm7.13.0-cp312-cp312-linux_x86_64.wh
 
 
 @pytest.mark.parametrize("value, message", [
-    (f"{WHEEL}", "expected '<wheel URL>#sha256=<64 hex>'"),
+    (f"{WHEEL}#sha256=", "expected '<wheel URL>#sha256=<64 hex>'"),  # the URL alone: pinned on first use
     (f"{WHEEL}#sha256={'A' * 64}", "expected '<wheel URL>#sha256=<64 hex>'"),
     (f"https://x.example/torch-2.10.0-cp312-cp312-linux_x86_64.whl#sha256={'a' * 64}",
      "the wheel is version 2.10.0, but torch.torch pins 2.11.0+rocm7.13.0"),
@@ -193,18 +193,18 @@ def test_a_new_version_drops_its_wheel_pin(tmp_path):
     ref = f"{WHEEL}#sha256={'a' * 64}"
     f = tmp_path / "mine.yaml"
     f.write_text(f"extends: gfx1151\nname: mine\ntorch:\n  wheels:\n    torch: {ref}\n")
-    assert load_stack(str(f)).torch.wheels == {"torch": ref}
+    assert load_stack(str(f)).model.torch.wheels == {"torch": ref}
     # a pin of 2.11.0's bytes says nothing about 2.12.0 (nor about another index)
-    assert load_stack(str(f), ["torch.torch=2.12.0+rocm7.13.0"]).torch.wheels == {}
-    assert load_stack(str(f), ["torch.index_url=https://mirror.example/whl/"]).torch.wheels == {}
+    assert load_stack(str(f), ["torch.torch=2.12.0+rocm7.13.0"]).model.torch.wheels == {}
+    assert load_stack(str(f), ["torch.index_url=https://mirror.example/whl/"]).model.torch.wheels == {}
 
 
 def test_first_use_list_unchanged_by_wheel_pins():
     """Pinning a wheel must not make the checked-in Python lock stale (its inputs are versions)."""
-    from toolbox.stack import pylock
+    from toolbox.stack import python_lock
 
     plain = load_stack("gfx1151")
     pinned = load_stack("gfx1151", [f"torch.wheels.torch={WHEEL}#sha256={'a' * 64}"])
-    assert pylock.inputs_digest(pinned) == pylock.inputs_digest(plain)
-    assert pylock.current(pinned) is not None
+    assert python_lock.inputs_digest(pinned) == python_lock.inputs_digest(plain)
+    assert python_lock.current(pinned) is not None
 

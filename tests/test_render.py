@@ -12,7 +12,7 @@ import dockerfile
 import pytest
 import yaml
 
-from toolbox.render import render_dockerfile, write_context
+from toolbox.rendering import render_dockerfile, write_context
 from toolbox.stack.load import load_stack, stack_names
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import dockerfile
 import pytest
 
-from toolbox.render import render_dockerfile, write_context
+from toolbox.rendering import render_dockerfile, write_context
 from toolbox.paths import PROJECT_ROOT
 from toolbox.stack.load import load_stack
 
@@ -181,10 +181,10 @@ def test_changing_gpu_targets_rederives_or_refuses(tmp_path):
     sha = "a" * 64
     url = "https://example.invalid/therock-dist-linux-gfx110X-all-7.13.0.tar.gz"
     s = load_stack("gfx1151", [f"rocm.tarball.sha256={sha}"])
-    assert s.rocm.tarball.sha256 == sha and not s.rocm.tarball.unverified
+    assert s.model.rocm.tarball.sha256 == sha and not s.model.rocm.tarball.unverified
     s = load_stack("gfx1151", [f"rocm.tarball.sha256={sha}", "gpu_targets=[gfx1100]", f"rocm.tarball.url={url}",
                                "torch.index_url=https://example.invalid/whl/gfx110X-all/"])
-    assert s.rccl_targets == ["gfx1100"] and s.rocm.tarball.sha256 == sha  # set in the same layer: kept
+    assert s.rccl_targets == ["gfx1100"] and s.model.rocm.tarball.sha256 == sha  # set in the same layer: kept
     p = user_stack(tmp_path, f"""
         extends: gfx1151
         gpu_targets: [gfx1100]
@@ -195,12 +195,12 @@ def test_changing_gpu_targets_rederives_or_refuses(tmp_path):
           index_url: https://example.invalid/whl/gfx110X-all/
         """)
     s = load_stack(str(p), [f"rocm.tarball.sha256={sha}"])  # the --set layer sets it: kept
-    assert s.rocm.tarball.sha256 == sha
+    assert s.model.rocm.tarball.sha256 == sha
     base_sha = tmp_path / "pinned.yaml"
     base_sha.write_text(f"extends: gfx1151\nrocm:\n  tarball:\n    sha256: {sha}\n")
     p.write_text(p.read_text().replace("extends: gfx1151", f"extends: {base_sha}"))
     s = load_stack(str(p))  # the parent's sha256 was for the parent's URL: dropped
-    assert s.rocm.tarball.sha256 is None and s.rocm.tarball.unverified and "rocm.tarball" in s.unverified_pins()
+    assert s.model.rocm.tarball.sha256 is None and s.model.rocm.tarball.unverified and "rocm.tarball" in s.unverified_pins()
     text = render_dockerfile(s)
     assert text.count('-DGPU_TARGETS="gfx1100"') == 3 and '-DBNB_ROCM_ARCH="gfx1100"' in text  # +llama.cpp
     assert f"--url {url}" in text and "dist tarball for gfx1100" in text
@@ -226,12 +226,12 @@ def test_unsloth_patches_need_a_source_build(tmp_path):
 def test_rocm_unsloth_from_pypi_locked(tmp_path):
     """gfx1151's PyPI Unsloth (issue 24): in the hash-checked lock, less what the ROCm image takes
     elsewhere (triton: the ROCm torch's; xformers: CUDA-only; bitsandbytes: built from git)."""
-    from toolbox.stack import pylock
+    from toolbox.stack import python_lock
 
     s = load_stack("gfx1151")
     text = render_dockerfile(s)
     assert "unsloth-build" not in text and "unsloth[" not in text
-    lock = pylock.current(s).read_text()
+    lock = python_lock.current(s).read_text()
     for name in ("triton", "xformers", "bitsandbytes"):
         assert f"# left out: {name}, which PyPI Unsloth requires" in lock
         assert f"\n{name}==" not in lock
@@ -241,7 +241,7 @@ def test_rocm_unsloth_from_pypi_locked(tmp_path):
     assert "pip.sh install" not in step and 'assert "+rocm" in v' in step
     assert "pip.sh check --missing-ok xformers \\" in text
     # the 7.14 stack installs PyPI's bitsandbytes (in its lock): only triton and xformers are left out
-    lock714 = pylock.current(load_stack("gfx1151-rocm7.14")).read_text()
+    lock714 = python_lock.current(load_stack("gfx1151-rocm7.14")).read_text()
     assert "# left out: bitsandbytes" not in lock714 and "\nbitsandbytes==0.50.1 \\" in lock714
     # cuda takes everything from PyPI: nothing left out, pip check unconditional
     cuda = render_dockerfile(load_stack("cuda"))

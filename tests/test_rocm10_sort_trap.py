@@ -27,7 +27,7 @@ import pytest
 from helpers.httpd import serve_folder
 from toolbox.components.torch import requirements
 from toolbox.stack.load import load_stack
-from toolbox.stack.pylock import lock_path
+from toolbox.stack.python_lock import lock_path
 
 ROOT = Path(__file__).resolve().parents[1]
 R10, R7 = "rocm10.0.0", "rocm7.15.0a20260728"

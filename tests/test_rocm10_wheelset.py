@@ -32,26 +32,34 @@ from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
 from helpers.httpd import serve_folder
 from toolbox.components.torch import closed_set
-from toolbox.render import render_dockerfile
-from toolbox.stack.load import load_stack
+from toolbox.rendering import render_dockerfile
+from toolbox.errors import UserError
+from toolbox.stack.load import load_stack, with_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 PIP_SH = ROOT / "dockerfiles" / "scripts" / "pip.sh"
 REQUIRES = ROOT / "dockerfiles" / "scripts" / "requires.py"
-T, TV, R = "2.13.0+rocm10.0.0", "0.28.0+rocm10.0.0", "10.0.0"
-# How TheRock's metadata couples the set (torch's Requires-Dist, its [device-gfx1151] extra pulling
-# the target's and the family's device wheels; the `rocm` sdist's [libraries] extra).
-DEPS = {
-    "torch": ["sympy>=1.0", f"triton==3.8.0+git4cff872c.rocm{R}", f"rocm[libraries]=={R}", "rocm-bootstrap",
-              f'amd-torch-device-gfx1151=={T}; extra == "device-gfx1151"',
-              f'amd-torch-device-gfx115x=={T}; extra == "device-gfx1151"'],
-    "torchvision": [f"torch=={T}", f'amd-torchvision-device-gfx1151=={TV}; extra == "device-gfx1151"'],
-    "torchaudio": [f"torch=={T}"],
-    "amd-torch-device-gfx1151": [f"torch=={T}", f"rocm-sdk-device-gfx1151=={R}"],
-    "amd-torch-device-gfx115x": [f"torch=={T}"],
-    "rocm-sdk-libraries": [f"rocm-sdk-core=={R}"],
-    "rocm-sdk-device-gfx1151": [f"rocm-sdk-core=={R}"],
-}
+
+
+def coupling(T: str, TV: str, R: str, triton: str) -> dict[str, list[str]]:
+    """How TheRock's metadata couples the set (torch's Requires-Dist, its [device-gfx1151] extra
+    pulling the target's and the family's device wheels; the `rocm` sdist's [libraries] extra)."""
+    return {
+        "torch": ["sympy>=1.0", f"triton=={triton}", f"rocm[libraries]=={R}", "rocm-bootstrap",
+                  f'amd-torch-device-gfx1151=={T}; extra == "device-gfx1151"',
+                  f'amd-torch-device-gfx115x=={T}; extra == "device-gfx1151"'],
+        "torchvision": [f"torch=={T}", f'amd-torchvision-device-gfx1151=={TV}; extra == "device-gfx1151"'],
+        "torchaudio": [f"torch=={T}"],
+        "amd-torch-device-gfx1151": [f"torch=={T}", f"rocm-sdk-device-gfx1151=={R}"],
+        "amd-torch-device-gfx115x": [f"torch=={T}"],
+        "rocm-sdk-libraries": [f"rocm-sdk-core=={R}"],
+        "rocm-sdk-device-gfx1151": [f"rocm-sdk-core=={R}"],
+    }
+
+
+DEPS = coupling("2.13.0+rocm10.0.0", "0.28.0+rocm10.0.0", "10.0.0", "3.8.0+git4cff872c.rocm10.0.0")
+# ROCm 10.1.0's (torch 2.14.0's metadata: triton==3.8.0+git669b31ac.rocm10.1.0, rocm[libraries]~=10.1.0)
+DEPS_10_1 = coupling("2.14.0+rocm10.1.0", "0.29.0a0+rocm10.1.0", "10.1.0", "3.8.0+git669b31ac.rocm10.1.0")
 PLACEHOLDERS = {"rocm": "0.1.0", "rocm-sdk-core": "0.1.0", "amd-torch-device-gfx115x": "0.0.1.dev0",
                 "rocm-bootstrap": "0.3.0", "sympy": "1.0"}  # the last: torch's real PyPI dependency
 CLEAN_ENV = {"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null", "PIP_NO_CACHE_DIR": "1",
@@ -108,11 +116,14 @@ def rocm_sdist(version: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def amd(tmp_path_factory):
+    return layout(tmp_path_factory.mktemp("amd") / "rocm" / "whl-next", "gfx1151-rocm10.0", DEPS)
+
+
+def layout(root: Path, stack: str, deps: dict) -> dict[str, str]:
     """{name: 'file://...#sha256=...'}: the stack's every pin as a local file of the same name and
     version under rocm/whl-next/<name>/; setuptools is this interpreter's own, packed as a wheel."""
-    root = tmp_path_factory.mktemp("amd") / "rocm" / "whl-next"
     refs = {}
-    for name, ref in load_stack("gfx1151-rocm10.0").torch.wheels.items():
+    for name, ref in load_stack(stack).model.torch.wheels.items():
         file = unquote(ref.partition("#")[0].rsplit("/", 1)[1])
         if name == "setuptools":
             filename, data = installed_wheel("setuptools")
@@ -121,7 +132,7 @@ def amd(tmp_path_factory):
             filename, data = file, rocm_sdist(version)
         else:
             version = str(parse_wheel_filename(file)[1])
-            filename, data = wheel(name, version, DEPS.get(name, []))
+            filename, data = wheel(name, version, deps.get(name, []))
         d = root / name
         d.mkdir(parents=True, exist_ok=True)
         (d / filename).write_bytes(data)
@@ -148,16 +159,17 @@ def base_venv(tmp_path_factory):
     return venv
 
 
-def steps(refs: dict[str, str]) -> dict:
+def steps(refs: dict[str, str], stack: str = "gfx1151-rocm10.0") -> dict:
     """closed_set() of the shipped stack with each URL swapped for its local copy."""
-    s = load_stack("gfx1151-rocm10.0")
-    torch = s.torch.model_copy(update={"wheels": refs})
-    return closed_set(types.SimpleNamespace(torch=torch, gpu_targets=s.gpu_targets))
+    s = load_stack(stack)
+    torch = s.model.torch.model_copy(update={"wheels": refs})
+    return closed_set(types.SimpleNamespace(model=s.model.model_copy(update={"torch": torch})))
 
 
-def run_step(venv: Path, pypi: str, refs: dict[str, str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
+def run_step(venv: Path, pypi: str, refs: dict[str, str], tmp_path: Path,
+             stack: str = "gfx1151-rocm10.0") -> tuple[subprocess.CompletedProcess, dict]:
     """The torch step: setuptools, the set (--no-index), the closure check, torch's PyPI deps."""
-    st = steps(refs)
+    st = steps(refs, stack)
     py = str(venv / "bin" / "python")
     env = {**CLEAN_ENV, "TOOLBOX_PYTHON": py, "TOOLBOX_WHEELHOUSE": str(tmp_path / "no-wheelhouse"),
            "PIP_INDEX_URL": pypi}
@@ -193,7 +205,7 @@ def test_the_rendered_step_asks_no_index_for_the_rocm_set():
     assert st["install"][:3] == ["--no-index", "--no-deps", "--no-build-isolation"]
     assert st["setuptools"][:2] == ["--no-index", "--no-deps"]
     # every pin is in the --no-index call, each by URL and sha256
-    assert len(st["install"]) - 3 == len(s.torch.wheels) - 1 and all(" @ " in r and "#sha256=" in r for r in st["install"][3:])
+    assert len(st["install"]) - 3 == len(s.model.torch.wheels) - 1 and all(" @ " in r and "#sha256=" in r for r in st["install"][3:])
     assert "ROCM_SDK_TARGET_FAMILY=gfx1151" in step and "requires.py --closed" in step
 
 
@@ -253,3 +265,99 @@ def test_control_without_the_check_pip_takes_pypis_placeholder(amd, pypi, base_v
     subprocess.run(["sh", str(PIP_SH), "install", *st["install"]], env={**env, **st["env"]}, check=True, capture_output=True)
     subprocess.run(["sh", str(PIP_SH), "install", *st["check"][1:]], env=env, check=True, capture_output=True)
     assert installed(venv)["rocm-bootstrap"] == ("0.3.0", False)  # the hazard the check stops
+
+
+# ROCm 10.1.0: the same set by URL, with the sha256s left to first use (no record gives them).
+AMD = "https://stable.repo.amd.com/rocm/"
+
+
+def therock_tarball(commit: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        data = json.dumps({"submodules": [{"path": "rocm-systems", "commit": commit}]}).encode()
+        info = tarfile.TarInfo("share/therock/therock_manifest.json")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture()
+def first_use(tmp_path, monkeypatch):
+    """The shipped 10.1 stack's first-use pins, AMD's files standing in locally: (stack pinned,
+    {name: local file URI}, the pins file). Only the download is redirected (no internet here)."""
+    from toolbox.stack import pinning
+
+    s = load_stack("gfx1151-rocm10.1")
+    local = layout(tmp_path / "amd" / "rocm" / "whl-next", "gfx1151-rocm10.1", DEPS_10_1)
+    by_url = {s.model.torch.wheels[n].partition("#")[0]: r.partition("#")[0] for n, r in local.items()}
+    tarball = tmp_path / "rocm-10.1.0.tar.gz"
+    tarball.write_bytes(therock_tarball("c0ffee" + "0" * 34))
+    by_url[s.model.rocm.tarball.url] = tarball.as_uri()
+    real = pinning.download
+    monkeypatch.setattr(pinning, "download", lambda url, dest, **kw: real(by_url[url], dest, **kw))
+    monkeypatch.setenv("TOOLBOX_CACHE_DIR", str(tmp_path / "cache"))
+    pins = pinning.PinsFile(tmp_path / "pins.lock.json")
+    with pytest.raises(UserError, match=r"^--frozen: rocm.tarball .*10.1.0.tar.gz has no sha256"):
+        pinning.first_use_pins(s, frozen=True, pins_file=pins, probe=lambda ref: "sha256:" + "0" * 64)
+    updates = pinning.first_use_pins(s, pins_file=pins, probe=lambda ref: "sha256:" + "0" * 64)
+    return with_pins(s, updates), {n: r.partition("#")[0] for n, r in local.items()}, pins
+
+
+def test_10_1_ships_the_whole_set_by_url_with_first_use_sha256s():
+    s = load_stack("gfx1151-rocm10.1")
+    assert set(s.model.torch.wheels) == set(load_stack("gfx1151-rocm10.0").model.torch.wheels)
+    for name, ref in s.model.torch.wheels.items():
+        if name == "setuptools":
+            continue
+        assert ref.startswith(f"{AMD}whl-next/{name}/"), name
+        assert ("#sha256=" in ref) == (name == "rocm-bootstrap"), name  # its file is 10.0's
+    step = " ".join(closed_set(s)["install"])
+    assert step.count("#sha256=UNVERIFIED") == 11 and "+rocm10.0.0" not in step  # rendered so no file matches
+    assert s.unverified_pins() == ["base", "rccl", "rocm.tarball", "torch"]
+
+
+def test_10_1_first_use_pins_the_set_and_pip_installs_it_from_no_index(first_use, pypi, base_venv, tmp_path):
+    pinned, local, pins = first_use
+    assert pinned.unverified_pins() == [] and pinned.model.rccl.commit == "c0ffee" + "0" * 34
+    refs = {}
+    for name, ref in pinned.model.torch.wheels.items():
+        url, _, sha = ref.partition("#sha256=")
+        data = Path(unquote(local[name].removeprefix("file://"))).read_bytes()
+        if name not in ("rocm-bootstrap", "setuptools"):  # these two keep their recorded sha256s
+            assert sha == hashlib.sha256(data).hexdigest() and url.startswith(AMD), name
+        refs[name] = f"{local[name]}#sha256={hashlib.sha256(data).hexdigest() if name in ('rocm-bootstrap', 'setuptools') else sha}"
+    venv = tmp_path / "v"
+    shutil.copytree(base_venv, venv, symlinks=True)
+    check, from_index = run_step(venv, pypi, refs, tmp_path, "gfx1151-rocm10.1")
+    assert check.returncode == 0, check.stderr
+    assert from_index == {"sympy": "1.0"}, from_index
+    assert installed(venv)["triton"] == ("3.8.0+git669b31ac.rocm10.1.0", True)
+
+
+def test_10_1_first_use_pins_are_refused_when_the_bytes_change(first_use, tmp_path):
+    from toolbox.stack import pinning
+
+    pinned, local, pins = first_use
+    triton = Path(unquote(local["triton"].removeprefix("file://")))
+    triton.write_bytes(triton.read_bytes() + b"\0")  # AMD's file replaced after the first build
+    again = with_pins(load_stack("gfx1151-rocm10.1"), pinning.first_use_pins(
+        load_stack("gfx1151-rocm10.1"), frozen=True, pins_file=pinning.PinsFile(pins.path)))
+    assert again.model.torch.wheels == pinned.model.torch.wheels  # the recorded sha256s, with no download
+    refs = {n: f"{local[n]}#sha256={r.partition('#sha256=')[2]}" for n, r in again.model.torch.wheels.items()
+            if n not in ("rocm-bootstrap", "setuptools")}
+    st = steps({**refs, **{n: r for n, r in layout(tmp_path / "x", "gfx1151-rocm10.1", DEPS_10_1).items()
+                           if n in ("rocm-bootstrap", "setuptools")}}, "gfx1151-rocm10.1")
+    env = {**CLEAN_ENV, "TOOLBOX_PYTHON": sys.executable, "TOOLBOX_WHEELHOUSE": str(tmp_path / "none"), **st["env"]}
+    a = subprocess.run(["sh", str(PIP_SH), "install", "--target", str(tmp_path / "t"), *st["install"]],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert a.returncode != 0 and "DO NOT MATCH THE HASHES" in a.stderr, a.stderr
+
+
+def test_10_1_build_frozen_refuses_before_its_pins_are_recorded(tmp_path):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'entrypoints'}",
+           "TOOLBOX_STATE_DIR": str(tmp_path / "state"), "TOOLBOX_CACHE_DIR": str(tmp_path / "cache")}
+    cp = subprocess.run([sys.executable, "-m", "toolbox", "build", "--stack", "gfx1151-rocm10.1", "--frozen",
+                         "--dry-run"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert "--frozen: rocm.tarball https://stable.repo.amd.com/rocm/core/tarball/therock-dist-linux-gfx1151-10.1.0" \
+           ".tar.gz has no sha256 and is not in the pins file" in cp.stderr

@@ -31,12 +31,12 @@ def err(ref, overrides=()) -> str:
 def test_shipped_stacks_load():
     assert {"gfx1151", "gfx1151-rocm10.0", "cpu", "cuda"} <= set(stack_names())
     g = load_stack()  # the default: ROCm 10.0.0, the newest stable release with verified pins
-    assert g.name == "gfx1151-rocm10.0" and g.platform == "rocm" and g.gpu_targets == ["gfx1151"]
-    assert g.rocm.version == "10.0.0" and g.torch.torch == "2.13.0+rocm10.0.0"
+    assert g.model.name == "gfx1151-rocm10.0" and g.model.platform == "rocm" and g.model.gpu_targets == ["gfx1151"]
+    assert g.model.rocm.version == "10.0.0" and g.model.torch.torch == "2.13.0+rocm10.0.0"
     assert g.base_image == "registry.fedoraproject.org/fedora:43"
     c = load_stack("cpu")
-    assert c.platform == "cpu" and c.gpu_targets == [] and c.base_image == "docker.io/library/debian:bookworm-slim"
-    assert load_stack("cuda").platform == "cuda"
+    assert c.model.platform == "cpu" and c.model.gpu_targets == [] and c.base_image == "docker.io/library/debian:bookworm-slim"
+    assert load_stack("cuda").model.platform == "cuda"
 
 
 def test_lock_and_digest():
@@ -65,13 +65,13 @@ def test_extends_changes_only_a_few_pins(tmp_path):
           trl: "1.14.0"
         """)
     s = load_stack(str(p))
-    assert s.name == "mine" and s.hf.trl == "1.14.0" and s.hf.transformers == "5.17.0"
+    assert s.model.name == "mine" and s.model.hf.trl == "1.14.0" and s.model.hf.transformers == "5.17.0"
     assert s.base_image == "docker.io/library/debian:bookworm-slim"
 
 
 def test_set_override_and_string_versions():
     s = load_stack("cpu", ["hf.trl=1.10", "base.digest=sha256:" + "a" * 64])
-    assert s.hf.trl == "1.10"
+    assert s.model.hf.trl == "1.10"
     assert s.base_image.endswith("@sha256:" + "a" * 64)
 
 

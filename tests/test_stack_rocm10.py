@@ -12,7 +12,7 @@ import pytest
 from toolbox.components.bitsandbytes import rocm_library
 from toolbox.components.torch import install_requirements, requirements
 from toolbox.paths import DEFAULT_STACK
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack, stack_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def rccl_stage(text: str) -> str:
 
 
 def test_rocm10_is_the_default_and_stacks_shows_its_verified_pins():
-    assert DEFAULT_STACK == "gfx1151-rocm10.0" and load_stack().name == "gfx1151-rocm10.0"
+    assert DEFAULT_STACK == "gfx1151-rocm10.0" and load_stack().model.name == "gfx1151-rocm10.0"
     r = subprocess.run([sys.executable, "-m", "toolbox", "stacks"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -54,7 +54,7 @@ def test_torch_is_installed_by_url_and_sha256_with_the_device_extra():
     assert reqs[0].startswith("torch[device-gfx1151] @ https://stable.repo.amd.com/rocm/whl-next/torch/"
                               "torch-2.13.0%2Brocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=28cbb1dd")
     assert all("#sha256=" in r for r in reqs)
-    assert s.base.python == "python3.13" and "torch" not in s.unverified_pins()
+    assert s.model.base.python == "python3.13" and "torch" not in s.unverified_pins()
 
 
 # The wheels TheRock couples to this torch (by exact versions, but rocm-bootstrap), with the sha256s
@@ -103,8 +103,8 @@ SHA_A = "a" * 64
 
 
 @pytest.mark.parametrize("name,ref,why", [
-    ("triton", "https://x.example/triton-3.8.0%2Bgit4cff872c.rocm10.0.0-cp313-cp313-linux_x86_64.whl",
-     "expected 'https://<wheel URL>#sha256=<64 hex>'"),  # no hash
+    ("triton", "https://x.example/triton-3.8.0%2Bgit4cff872c.rocm10.0.0-cp313-cp313-linux_x86_64.whl#sha256=",
+     "expected 'https://<wheel URL>#sha256=<64 hex>'"),  # an empty hash (no '#sha256=' at all: first use)
     ("rocm-sdk-core", f"http://x.example/rocm_sdk_core-10.0.0-py3-none-linux_x86_64.whl#sha256={SHA_A}",
      "expected 'https://<wheel URL>#sha256=<64 hex>'"),  # not https
     ("rocm-sdk-core", f"https://x.example/rocm_sdk_core-10.0.0-py3-none-linux_x86_64.whl#sha256={'a' * 63}",
@@ -138,7 +138,7 @@ def test_a_coupled_wheel_without_https_and_sha256_on_the_line_is_refused(tmp_pat
 def test_another_torch_drops_the_coupled_pins_it_would_contradict():
     # --set torch.torch moves torch: its wheel URL and the ones coupled to it are of the old build.
     s = load_stack("gfx1151-rocm10.0", ["torch.torch=2.13.1+rocm10.0.0"])
-    assert set(s.torch.wheels) == {"torchvision", "torchaudio", "amd-torchvision-device-gfx1151"}
+    assert set(s.model.torch.wheels) == {"torchvision", "torchaudio", "amd-torchvision-device-gfx1151"}
 
 
 def test_rccl_is_built_from_the_releases_own_commit_without_a_series():
@@ -148,12 +148,12 @@ def test_rccl_is_built_from_the_releases_own_commit_without_a_series():
     assert "-DEXPLICIT_ROCM_VERSION=10.0.0" in stage
 
 
-@pytest.mark.parametrize("name", [n for n in stack_names() if load_stack(n).rccl is not None])
+@pytest.mark.parametrize("name", [n for n in stack_names() if load_stack(n).model.rccl is not None])
 def test_every_rccl_build_without_8484_has_fault_injection_off(name):
     s = load_stack(name)
     stage = rccl_stage(render_dockerfile(s))
-    if s.rccl.commit not in HAS_8484:
-        assert s.rccl.fault_injection is False
+    if s.model.rccl.commit not in HAS_8484:
+        assert s.model.rccl.fault_injection is False
         assert "-DFAULT_INJECTION=OFF" in stage
         assert s.pins()["rccl.fault_injection"] == "false"  # part of the image tag
     # The stack file says why, next to the field.
@@ -168,9 +168,25 @@ def test_fault_injection_unset_leaves_rcclss_default(tmp_path):
     assert "FAULT_INJECTION" not in rccl_stage(render_dockerfile(s)) and "rccl.fault_injection" not in s.pins()
 
 
+def test_bitsandbytes_on_10_1_reads_hip_in_the_build_and_wants_its_exact_library():
+    """ROCm 10.1's HIP is no pin (first use): the image build reads torch.version.hip, names the
+    library bitsandbytes picks, and fails unless it is the exact build for that HIP."""
+    s = load_stack("gfx1151-rocm10.1")
+    assert s.model.rocm.hip_version is None and rocm_library(s) is None
+    text = render_dockerfile(s)
+    start = text.index("# HIP's version is read here")
+    check = text[start:text.index("# Hugging Face stack", start)]
+    assert 'want = f"libbitsandbytes_rocm{hip[0]}{hip[1]}.so"' in check and "lib.name == want and lib.is_file()" in check
+    assert "bitsandbytes 0.50.2 has no {want} for HIP {torch.version.hip} (it picked {lib.name})" in check
+    assert "rocm715" not in check and "7.15" not in check
+    # a stack that says its HIP keeps the exact check
+    pinned = load_stack("gfx1151-rocm10.1", ["rocm.hip_version=7.16"])
+    assert rocm_library(pinned) == "libbitsandbytes_rocm716.so" and 'assert hip == "7.16"' in render_dockerfile(pinned)
+
+
 def test_bitsandbytes_library_follows_hip_not_the_rocm_release():
     s = load_stack("gfx1151-rocm10.0")
-    assert s.rocm.hip == "7.15" and rocm_library(s) == "libbitsandbytes_rocm715.so"
+    assert s.model.rocm.hip == "7.15" and rocm_library(s) == "libbitsandbytes_rocm715.so"
     assert rocm_library(load_stack("gfx1151-rocm7.14")) == "libbitsandbytes_rocm714.so"
     text = render_dockerfile(s)
     assert "bitsandbytes==0.50.2" in text

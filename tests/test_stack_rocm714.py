@@ -12,7 +12,7 @@ import pytest
 
 from toolbox.components.torch import requirements
 from toolbox.errors import UserError
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]

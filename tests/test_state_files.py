@@ -204,17 +204,17 @@ def test_shipped_locks_carry_a_checksum_that_holds():
 
 
 def test_a_damaged_user_lock_of_a_set_names_the_set(tmp_path, user, cpu_copy):  # noqa: F811
-    from toolbox.stack import pylock
+    from toolbox.stack import python_lock
     from toolbox.stack.load import load_stack
 
     stack_path, _ = cpu_copy
     over = "hf.peft=0.18.0"
     stack = load_stack(str(stack_path), [over])
-    path = pylock.user_lock_path(stack)
+    path = python_lock.user_lock_path(stack)
     path.parent.mkdir(parents=True)
     # a lock claiming this pin set's inputs but holding the file's peft: not the lock of this set
     text = (STACKS_DIR / "cpu.pylock.txt").read_text()
-    old = pylock.INPUTS_RE.search(text).group(1)
-    path.write_text(statefiles.with_checksum(text.replace(old, pylock.inputs_digest(stack))))
+    old = python_lock.INPUTS_RE.search(text).group(1)
+    path.write_text(statefiles.with_checksum(text.replace(old, python_lock.inputs_digest(stack))))
     r = toolbox("lock", "--stack", str(stack_path), "--set", over, "--check")
     assert_damaged(r, path, "does not hold peft==0.18.0", f"rm {path}", f"--set {over}")

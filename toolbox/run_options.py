@@ -34,7 +34,7 @@ CONTAINER_HF_CACHE = "/hf-cache"
 
 def default_tag(stack) -> str:
     """Two different pin sets never share a tag: the tag carries the stack's digest."""
-    return f"localhost/toolbox-{stack.name}:{stack.digest()}"
+    return f"localhost/toolbox-{stack.model.name}:{stack.digest()}"
 
 
 def _group_ref(name: str) -> str:

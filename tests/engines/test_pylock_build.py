@@ -18,13 +18,13 @@ STACKS = Path(__file__).resolve().parents[2] / "toolbox" / "stacks"
 
 
 def test_cpu_image_is_built_from_its_lock(cpu_image):
-    from toolbox.stack import pylock
+    from toolbox.stack import python_lock
     from toolbox.stack.load import load_stack
 
-    lock = pylock.current(load_stack("cpu"))
+    lock = python_lock.current(load_stack("cpu"))
     assert lock is not None, "toolbox/stacks/cpu.pylock.txt is stale: run `toolbox lock --stack cpu`"
     labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", cpu_image["tag"]).stdout)
-    assert labels["io.github.toolbox.python.lock.sha256"] == pylock.content_digest(lock)
+    assert labels["io.github.toolbox.python.lock.sha256"] == python_lock.content_digest(lock)
     assert cpu_image["stdout"].count("--require-hashes") >= 2
 
 

@@ -15,10 +15,10 @@ def test_rocm_stack_builds_hip_for_its_targets():
     from toolbox.components.llama_cpp import cmake_flags
 
     s = load_stack("gfx1151")
-    assert s.llama_cpp.commit == COMMIT and s.llama_cpp.backend == "hip"
+    assert s.model.llama_cpp.commit == COMMIT and s.model.llama_cpp.backend == "hip"
     flags = cmake_flags(s)
     assert "-DGGML_HIP=ON" in flags and '-DGPU_TARGETS="gfx1151"' in flags
-    from toolbox.render import render_dockerfile as render
+    from toolbox.rendering import render_dockerfile as render
 
     df = render(s)
     assert "FROM devel AS llama_cpp-build" in df
@@ -32,7 +32,7 @@ def test_rocm_stack_builds_hip_for_its_targets():
 
 
 def test_backend_cpu_drops_hip():
-    from toolbox.render import render_dockerfile as render
+    from toolbox.rendering import render_dockerfile as render
 
     s = load_stack("gfx1151", ["llama_cpp.backend=cpu"])
     df = render(s)
@@ -50,7 +50,7 @@ def test_bad_llama_cpp_pins_are_refused(override, field):
 
 
 def test_pypi_sdist_source_renders_a_hash_checked_download():
-    from toolbox.render import render_dockerfile as render
+    from toolbox.rendering import render_dockerfile as render
 
     sha = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
     s = load_stack("cuda", ["llama_cpp.source=pypi", "llama_cpp.version=0.3.36", f"llama_cpp.sdist_sha256={sha}"])

@@ -1,9 +1,9 @@
-"""Tiny vision-language models (Gemma 3, Qwen2.5-VL) built from config, each saved with its own
+"""Tiny vision-language models (Gemma 3, Qwen2.5-VL, Qwen3-VL) built from config, each saved with its own
 processor, and small image datasets; nothing comes from a hub.
 
 The processor is the family's own class around the local tokenizer (helpers/tiny.py), an image
 processor at a small fixed size, and a chat template that renders image parts with the family's
-marker (Gemma 3: <boi>; Qwen2.5-VL: <|vision_start|><|image_pad|><|vision_end|>).
+marker (Gemma 3: <boi>; Qwen-VL: <|vision_start|><|image_pad|><|vision_end|>).
 """
 
 from __future__ import annotations
@@ -11,16 +11,20 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .tiny import _sentences, make_tokenizer
 
-FAMILIES = ("gemma3", "qwen2.5-vl")
+FAMILIES = ("gemma3", "qwen2.5-vl", "qwen3-vl")
 GEMMA_TOKENS = {"boi_token": "<boi>", "eoi_token": "<eoi>", "image_token": "<image>"}
 QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-IMAGE_MARK = {"gemma3": "<boi>", "qwen2.5-vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+IMAGE_MARK = {"gemma3": "<boi>", "qwen2.5-vl": "<|vision_start|><|image_pad|><|vision_end|>",
+              "qwen3-vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 GEMMA_TOKENS_PER_IMAGE = 4  # SigLIP at 28x28 with 14-pixel patches: 4 patches, pooled to 4 tokens
 
 
@@ -44,6 +48,18 @@ def has_torchvision() -> bool:
     except Exception:
         return False
     return True
+
+
+def require_torchvision() -> None:
+    """Skips the test where torchvision does not import; in CI (CI=true, the rule of helpers/enginekit.py) fails
+    it: .ci/setup venv installs one (with .ci/torchvision_cpu.py's shim beside a CPU torch), so the Qwen-VL
+    processor tests never skip there unseen."""
+    if has_torchvision():
+        return
+    msg = "Qwen-VL processors need torchvision (transformers 5.17's video processor); .ci/setup venv installs it"
+    if os.environ.get("CI") == "true":
+        pytest.fail(msg)
+    pytest.skip(msg)
 
 
 def _gemma3(dir: Path):
@@ -94,6 +110,33 @@ def _qwen25vl(dir: Path):
     return cfg, tf.Qwen2_5_VLForConditionalGeneration, proc
 
 
+def _qwen3vl(dir: Path):
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(dir, extra_special_tokens=QWEN_TOKENS)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ["<pad>", "<s>", "</s>", *QWEN_TOKENS]}
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, max_position_embeddings=256, pad_token_id=ids["<pad>"],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2],
+                                 "mrope_interleaved": True})
+    # deepstack: the one block's features also fed into the first language layers
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
+    cfg = tf.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                           video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                           vision_end_token_id=ids["<|vision_end|>"], bos_token_id=ids["<s>"], eos_token_id=ids["</s>"])
+    if not has_torchvision():
+        return cfg, tf.Qwen3VLForConditionalGeneration, None
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28, patch_size=14, merge_size=2,
+                                      temporal_patch_size=2)
+    proc = tf.Qwen3VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen3VLVideoProcessor(),
+                               chat_template=chat_template("qwen3-vl"))
+    return cfg, tf.Qwen3VLForConditionalGeneration, proc
+
+
 def make_tiny_vlm(dir: str | Path, family: str = "gemma3", seed: int = 0) -> Path:
     """A random-init tiny VLM of `family` with its processor, saved in `dir` (Qwen2.5-VL's processor only
     where torchvision imports: has_torchvision)."""
@@ -101,7 +144,7 @@ def make_tiny_vlm(dir: str | Path, family: str = "gemma3", seed: int = 0) -> Pat
 
     dir = Path(dir)
     make_tokenizer(dir)
-    cfg, cls, proc = {"gemma3": _gemma3, "qwen2.5-vl": _qwen25vl}[family](dir)
+    cfg, cls, proc = {"gemma3": _gemma3, "qwen2.5-vl": _qwen25vl, "qwen3-vl": _qwen3vl}[family](dir)
     torch.manual_seed(seed)
     model = cls(cfg).to(torch.float32)
     if family == "gemma3":

@@ -1,5 +1,5 @@
 """The walk of a command's inputs through the host's modules (issue 34: `toolbox build`'s went from
-17 stays in 9 modules to 29 in 12, stack.pylock entered 5 times).
+17 stays in 9 modules to 29 in 12, stack.python_lock entered 5 times).
 
 Traced with sys.setprofile while the command runs in this process: a call belongs to the walk when
 one of its arguments is the parsed argparse Namespace, one of that Namespace's values, or an object

@@ -179,8 +179,8 @@ def test_shipped_series_are_well_formed_and_agree_with_their_stacks():
         stack = load_stack(name)
         series = parse_series(stack.rccl_patch_dir / "series")
         assert series.upstream == "https://github.com/ROCm/rocm-systems"
-        assert series.base_commit == stack.rccl.commit, name
-        assert series.subdir == stack.rccl.subdir == "projects/rccl"
+        assert series.base_commit == stack.model.rccl.commit, name
+        assert series.subdir == stack.model.rccl.subdir == "projects/rccl"
         for patch in series.patches:
             text = patch.read_text()
             assert text.startswith("From 0000000000000000000000000000000000000000"), patch  # git format-patch

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack
 
 
@@ -21,7 +21,7 @@ def _rccl_stage(text: str) -> str:
 ])
 def test_stage_flags(name, commit, series, smi):
     stack = load_stack(name)
-    assert stack.rccl.commit == commit and not stack.rccl.unverified
+    assert stack.model.rccl.commit == commit and not stack.model.rccl.unverified
     text = render_dockerfile(stack)
     stage = _rccl_stage(text)
     assert f"git-fetch.sh https://github.com/ROCm/rocm-systems {commit} /src/rocm-systems" in stage
@@ -29,7 +29,7 @@ def test_stage_flags(name, commit, series, smi):
     # explicit, never empty (an empty list falls back to gfx906), for RCCL and rccl-tests alike
     assert stage.count('-DGPU_TARGETS="gfx1151"') == 2
     for flag in ("-DBUILD_TESTS=OFF", "-DGENERATE_SYM_KERNELS=OFF", f"-DENABLE_AMDSMI={smi}",
-                 "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", f"-DEXPLICIT_ROCM_VERSION={stack.rocm.version}"):
+                 "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", f"-DEXPLICIT_ROCM_VERSION={stack.model.rocm.version}"):
         assert flag in stage, flag
     assert stage.count("--mount=type=cache,target=/root/.ccache") == 2
     assert "projects/rccl-tests" in stage  # both stacks build rccl-tests
@@ -59,6 +59,6 @@ def test_stack_fields_drive_the_stage():
 def test_rccl_build_switches_change_the_tag(field):
     """An image with SMI linked (or rccl-tests built) is another image: another lock digest and label."""
     base = load_stack("gfx1151")
-    flipped = load_stack("gfx1151", [f"rccl.{field}={str(not getattr(base.rccl, field)).lower()}"])
+    flipped = load_stack("gfx1151", [f"rccl.{field}={str(not getattr(base.model.rccl, field)).lower()}"])
     assert flipped.digest() != base.digest()
     assert flipped.pins()[f"rccl.{field}"] != base.pins()[f"rccl.{field}"]

@@ -148,8 +148,10 @@ def test_image_features_of_datasets(tmp_path, tiny_vlms, form, capsys):
 def test_a_pixel_budget_the_processor_cannot_honour(rows, tiny_vlms, capsys):
     tmp_path, rs = rows
     data = _write(tmp_path / "train.jsonl", rs)
-    _refused(tmp_path, capsys, tiny_vlms("gemma3"), data, "vision.max_pixels: Gemma3ImageProcessorPil takes no pixel "
-             "budget (it resizes every image to 28x28", **{"vision.max_pixels": 50176})
+    # the image processor's class by its backend: Gemma3ImageProcessor where torchvision imports, else ...Pil
+    err = _refused(tmp_path, capsys, tiny_vlms("gemma3"), data, "takes no pixel budget (it resizes every image to "
+                   "28x28", **{"vision.max_pixels": 50176})
+    assert "vision.max_pixels: Gemma3ImageProcessor" in err, err
     _refused(tmp_path, capsys, tiny_vlms("gemma3"), data, "vision.max_pixels: 100 is below vision.min_pixels (200)",
              **{"vision.max_pixels": 100, "vision.min_pixels": 200})
 
@@ -188,3 +190,24 @@ def test_a_template_that_renders_no_image_markers(rows, tiny_vlms, capsys):
                                                "{% endfor %}")
     _refused(tmp_path, capsys, model, _write(tmp_path / "train.jsonl", rs),
              ":1: the chat template renders 0 image marker(s) for the row's 1 image(s)")
+
+
+def test_the_budget_reaches_a_qwen_processor(tiny_vlms):
+    """vision.min_pixels / max_pixels as training loads the processor (training/loading.py): an image becomes the
+    tokens --plan counts for the budget (the tiny processor's own range: 28x28, one token)."""
+    import io
+
+    from PIL import Image
+    from transformers import AutoConfig
+
+    from toolbox_train.models.vision import load_processor, tokens_per_image
+
+    model = tiny_vlms("qwen2.5-vl")
+    image = Image.open(io.BytesIO(png_bytes("red", size=100)))
+    for want, tokens in [({}, 1), ({"min_pixels": 3136, "max_pixels": 3136}, 4), ({"max_pixels": 12544}, 16)]:
+        proc = load_processor(str(model), **want)
+        ids = proc(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[image])["input_ids"][0]
+        assert ids.count(proc.image_token_id) == tokens
+        if want:
+            plan = tokens_per_image(AutoConfig.from_pretrained(model), str(model), want)
+            assert plan.split(" tokens per image")[0].endswith(f"-{tokens}")

@@ -78,18 +78,18 @@ def _fill_wheelhouse(src: Path, ctx: Path) -> None:
 
 def run(args) -> int:
     from toolbox.engines import BuildSpec, get_engine, quote, require
-    from toolbox.render import write_context
+    from toolbox.rendering import write_context
     from toolbox.run_options import default_tag
     from toolbox.stack.load import load_stack, with_pins
 
-    from toolbox.stack import pinning, pylock
+    from toolbox.stack import pinning, python_lock
 
     stack = load_stack(args.stack, args.overrides)
     _check_inputs(args)
     # A stale Python lock: exit 2 before anything is fetched (its warnings come after pinning's lines).
     if args.frozen and args.unlocked:
         raise UserError("--unlocked builds without the Python lock's hashes: not with --frozen")
-    lock_warning = pylock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
+    lock_warning = python_lock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
     engine = get_engine(args.engine)
     if not args.allow_unverified or args.frozen:
         # The ROCm tarball's sha256 / base digest: from the user's pins file, else fetched once now.
@@ -99,7 +99,7 @@ def run(args) -> int:
     unverified = stack.unverified_pins()
     if unverified and (args.frozen or not args.allow_unverified):
         raise UserError(
-            f"stack {stack.name}: pins marked unverified: {', '.join(unverified)}; verify them "
+            f"stack {stack.model.name}: pins marked unverified: {', '.join(unverified)}; verify them "
             "(`toolbox bump`/hashes) or pass --allow-unverified" + (" (not with --frozen)" if args.frozen else "")
         )
     tag = args.tag or default_tag(stack)
@@ -110,7 +110,7 @@ def run(args) -> int:
         ctx_parent, keep = args.context.resolve(), True  # an empty folder: write_context replaces it whole
     else:
         keep = bool(args.dry_run)  # a dry run's commands must stay runnable
-        ctx_parent = Path(tempfile.mkdtemp(prefix=f"toolbox-{stack.name}-")) / "context"
+        ctx_parent = Path(tempfile.mkdtemp(prefix=f"toolbox-{stack.model.name}-")) / "context"
     ctx = write_context(stack, ctx_parent)
     if args.wheelhouse is not None:
         _fill_wheelhouse(args.wheelhouse, ctx)
@@ -128,7 +128,7 @@ def run(args) -> int:
                 print(quote(argv).replace("'$IIDFILE'", '"$IIDFILE"').replace("'$(cat $IIDFILE)'", '"$(cat "$IIDFILE")"'))
             return 0
         require(engine)
-        print(f"toolbox: building {tag} from stack {stack.name} with {engine.name} (context {ctx})", flush=True)
+        print(f"toolbox: building {tag} from stack {stack.model.name} with {engine.name} (context {ctx})", flush=True)
 
         def sink(line: str) -> None:
             sys.stdout.write(line + "\n")
@@ -142,7 +142,7 @@ def run(args) -> int:
     print(f"image:  {result.tag}")
     print(f"id:     {result.image_id[:12]}")
     print(f"size:   {human_size(result.size)}")
-    print(f"stack:  {stack.name} (digest {stack.digest()})")
+    print(f"stack:  {stack.model.name} (digest {stack.digest()})")
     print("pins:")
     for key, value in stack.pins().items():
         print(f"  {key} = {value}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from toolbox.argtypes import http_url, version_or_ref
 from toolbox.commands.options import add_stack
 from toolbox.errors import ToolError, UserError
-from toolbox.stack.bump import COMPONENTS, bump
+from toolbox.stack.bumping import COMPONENTS, bump
 
 
 def run(args) -> int:
@@ -26,18 +26,18 @@ def run(args) -> int:
 
 
 def _relock(stack_ref) -> None:
-    """A stack with a Python lock gets it refreshed for its new pins (toolbox.stack.pylock)."""
-    from toolbox.stack import pylock
+    """A stack with a Python lock gets it refreshed for its new pins (toolbox.stack.python_lock)."""
+    from toolbox.stack import python_lock
     from toolbox.commands.lock import relock
     from toolbox.stack.load import load_stack
 
     stack = load_stack(stack_ref)
-    if pylock.lock_path(stack).is_file() and stack.python_lock.whole is None:
+    if python_lock.lock_path(stack).is_file() and stack.python_lock.whole is None:
         try:
             print(f"python lock: {relock(stack_ref, [])}")
         except (ToolError, UserError) as exc:
             raise ToolError(f"{stack.source} left as it was: uv could not lock the new pins into "
-                            f"{pylock.lock_path(stack)} ({str(exc).splitlines()[0]})") from None
+                            f"{python_lock.lock_path(stack)} ({str(exc).splitlines()[0]})") from None
 
 
 def register(sub) -> None:

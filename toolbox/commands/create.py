@@ -28,7 +28,7 @@ def run(args) -> int:
     from toolbox.run_options import gpu_options
 
     image, platform, stack = resolve_target(args)
-    name = args.name or f"toolbox-{stack.name if stack else 'image'}"
+    name = args.name or f"toolbox-{stack.model.name if stack else 'image'}"
     if not name.replace("-", "a").replace("_", "a").replace(".", "a").isalnum():
         raise UserError(f"--name {name!r}: use letters, digits, '-', '_' or '.'")
     engine = get_engine(args.engine)

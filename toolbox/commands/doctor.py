@@ -44,14 +44,14 @@ def label_checks(labels: dict, stack) -> list:
 
     out = []
     lock = stack.pins()
-    if labels.get(LABEL_PREFIX + "stack") != stack.name:
-        out.append(Check("label stack", "fail", f"image says {labels.get(LABEL_PREFIX + 'stack')!r}, stack is {stack.name!r}",
-                         f"build the image of this stack: toolbox build --stack {stack.name}"))
+    if labels.get(LABEL_PREFIX + "stack") != stack.model.name:
+        out.append(Check("label stack", "fail", f"image says {labels.get(LABEL_PREFIX + 'stack')!r}, stack is {stack.model.name!r}",
+                         f"build the image of this stack: toolbox build --stack {stack.model.name}"))
     want_digest = stack.digest()
     have_digest = labels.get(LABEL_PREFIX + "lock-digest")
     out.append(Check("label lock-digest", "ok" if have_digest == want_digest else "fail",
                      f"image {have_digest}, stack {want_digest}",
-                     "" if have_digest == want_digest else f"rebuild: toolbox build --stack {stack.name}"))
+                     "" if have_digest == want_digest else f"rebuild: toolbox build --stack {stack.model.name}"))
     bad = []
     for key, want in lock.items():
         have = labels.get(LABEL_PREFIX + key)
@@ -60,7 +60,7 @@ def label_checks(labels: dict, stack) -> list:
     out.append(Check("label pins", "fail" if bad else "ok",
                      "; ".join(bad[:8]) + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else "") if bad
                      else f"all {len(lock)} pins match",
-                     f"rebuild: toolbox build --stack {stack.name}" if bad else ""))
+                     f"rebuild: toolbox build --stack {stack.model.name}" if bad else ""))
     return out
 
 
@@ -119,7 +119,7 @@ def container_checks(args, engine, checks):
     stack_name = (labels or {}).get(LABEL_PREFIX + "stack")
     if not args.stack and not args.image and stack_name:
         stack = load_stack(stack_name)  # the container's own stack
-        image, platform = args.name, stack.platform
+        image, platform = args.name, stack.model.platform
     else:
         image, platform, stack = resolve_target(args)
     if labels is not None and stack is not None:
@@ -162,7 +162,7 @@ def run(args) -> int:
         if platform == "rocm":
             check_rocm_host()
         cmd = ["python", "-m", "toolbox_train.commands.health", "--expect-platform", platform]
-        for t in (stack.gpu_targets if stack is not None else []):
+        for t in (stack.model.gpu_targets if stack is not None else []):
             cmd += ["--gpu-target", t]
         if args.json:
             cmd.append("--json")

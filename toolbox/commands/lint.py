@@ -11,7 +11,7 @@ from pathlib import Path
 from toolbox.commands.options import add_set, add_stack
 from toolbox.errors import ToolError
 from toolbox.paths import PROJECT_ROOT
-from toolbox.render import render_dockerfile
+from toolbox.rendering import render_dockerfile
 from toolbox.stack.load import load_stack, stack_names
 
 

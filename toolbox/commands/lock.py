@@ -21,25 +21,25 @@ def find_links(given: list[Path]) -> list[Path]:
 
 
 def relock(stack_ref, links: list[Path], upgrade: bool = False, overrides=()) -> Path:
-    from toolbox.stack import pylock
+    from toolbox.stack import python_lock
     from toolbox.stack.load import load_stack
 
     stack = load_stack(stack_ref, overrides)
     # A --set that changes the Python set is locked into the user's state, never the shipped file.
-    user = bool(overrides) and pylock.inputs_digest(stack) != pylock.inputs_digest(load_stack(stack_ref))
-    return pylock.compile_lock(stack, find_links=find_links(links), upgrade=upgrade, user=user)
+    user = bool(overrides) and python_lock.inputs_digest(stack) != python_lock.inputs_digest(load_stack(stack_ref))
+    return python_lock.compile_lock(stack, find_links=find_links(links), upgrade=upgrade, user=user)
 
 
 def run(args) -> int:
     if args.check:
-        from toolbox.stack import pylock
+        from toolbox.stack import python_lock
         from toolbox.stack.load import load_stack
 
         stack = load_stack(args.stack, args.overrides)
         found = stack.python_lock.whole  # read once by load_stack
         if found is None:
-            cmd = " ".join(["toolbox lock --stack", args.stack or stack.name, *(f"--set {o}" for o in args.overrides)])
-            raise UserError(f"{pylock.lock_path(stack)}: not made from stack {stack.name}'s pins: run `{cmd}`")
+            cmd = " ".join(["toolbox lock --stack", args.stack or stack.model.name, *(f"--set {o}" for o in args.overrides)])
+            raise UserError(f"{python_lock.lock_path(stack)}: not made from stack {stack.model.name}'s pins: run `{cmd}`")
         print(f"{found}: current")
         return 0
     out = relock(args.stack, args.find_links, upgrade=args.upgrade, overrides=args.overrides)

@@ -19,9 +19,9 @@ def _series_path(args) -> tuple[Path, str | None]:
     from toolbox.stack.load import load_stack  # noqa: PLC0415 (only needed on this path)
 
     stack = load_stack(args.stack)
-    if stack.rccl is None or stack.rccl_patch_dir is None:
-        raise UserError(f"stack {stack.name}: no rccl.patches series to verify")
-    return stack.rccl_patch_dir / "series", stack.rccl.commit
+    if stack.model.rccl is None or stack.rccl_patch_dir is None:
+        raise UserError(f"stack {stack.model.name}: no rccl.patches series to verify")
+    return stack.rccl_patch_dir / "series", stack.model.rccl.commit
 
 
 def run_verify(args) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from toolbox.commands.options import add_stack_and_set
 from toolbox.files import atomic_write
-from toolbox.render import render_dockerfile, write_context
+from toolbox.rendering import render_dockerfile, write_context
 from toolbox.stack.load import load_stack
 
 

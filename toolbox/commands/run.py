@@ -59,7 +59,7 @@ def resolve_target(args, engine=None) -> tuple[str, str, object | None]:
             if name:
                 try:
                     stack = load_stack(name)
-                    platform = stack.platform
+                    platform = stack.model.platform
                 except UserError:
                     stack = None
         if platform is None:
@@ -67,7 +67,7 @@ def resolve_target(args, engine=None) -> tuple[str, str, object | None]:
     else:
         stack = load_stack(args.stack, args.overrides)
         image = args.image or default_tag(stack)
-        platform = args.platform or stack.platform
+        platform = args.platform or stack.model.platform
     return image, platform, stack
 
 

@@ -1,13 +1,17 @@
 """Components: one module per installed thing (ROCm, RCCL, torch, ...), each owning all of it.
 
-`toolbox.render` knows no component by name: it loops over `active(stack)` and collects what
+`toolbox.rendering` knows no component by name: it loops over `active(stack)` and collects what
 each one contributes through the hooks below (the shape of hpc-container-maker's building
 blocks, which own their build steps and their runtime copy, and of repo2docker's build packs,
 whose `get_packages`/`get_env`/`get_build_script_files` hooks one generic `render()` collects).
 
 A component module defines `COMPONENT = Component(...)` with:
 
-- `name`: the block of the stack it installs (also what ORDER and messages call it).
+- `name`: what messages call it (also the stack block's key, unless `key` names another).
+- `place`: its place in the image's order (lower: earlier); `registry()` sorts by it.
+- `block`: the pydantic model of its stack block (`key:` in the YAML), a `Model` declared in the
+  component's module, and `field`: that block's pydantic Field (default, description); the stack
+  model (toolbox.stack.model) composes every component's block. None: the component has no block.
 - `applies(stack) -> bool`: whether the stack uses it; only active components contribute.
 - `pins(stack) -> {pin: value}`: its entries in the stack's pins (`toolbox.stack.digest`);
   every value that changes what gets built must be a pin, since their digest tags the image.
@@ -22,21 +26,35 @@ A component module defines `COMPONENT = Component(...)` with:
 - `context(stack) -> [ContextFile]`: what it puts into the build context besides the
   Dockerfile and stack.lock.yaml (files or folders copied, templates rendered, empty folders).
 
-Adding a component: a module here with those hooks, its templates, its block in
-toolbox/stack/model.py, and its place in ORDER. ORDER is by how often the pins change (ROCm
-first, Unsloth/HF last, labels at the very end), so a bump of a late pin reuses every earlier
-layer.
+Adding a component: a module here with those hooks and its block, and its templates; the
+registry finds every module here that defines COMPONENT. The order (`place`) is by how often the
+pins change (ROCm first, Unsloth/HF last, labels at the very end), so a bump of a late pin
+reuses every earlier layer.
+
+This package is below toolbox.stack: it imports nothing of it (the stack model imports the
+blocks, the loader collects the pins). The `stack` each hook receives is the resolved stack
+(toolbox.stack.resolved.Stack) and `pin_set` its toolbox.stack.digest.PinSet.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-if TYPE_CHECKING:  # neither imports toolbox.components: no circle
-    from toolbox.stack.digest import PinSet
-    from toolbox.stack.resolved import Stack
+from pydantic import BaseModel, ConfigDict
+
+Stack = Any  # the resolved stack (toolbox.stack.resolved.Stack: above this package, not imported)
+PinSet = Any  # its pins and digest (toolbox.stack.digest.PinSet)
+
+
+class Model(BaseModel):
+    """A stack block's model: unknown keys refused, frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,7 @@ def _none(*_a: Any) -> dict:
 @dataclass(frozen=True)
 class Component:
     name: str
+    place: int
     applies: Callable[["Stack"], bool]
     pins: Callable[["Stack"], dict[str, str]] = _none
     builder: str | None = None
@@ -66,20 +85,24 @@ class Component:
     needs_devel: Callable[["Stack"], bool] = lambda s: False
     variables: Callable[["Stack", "PinSet"], dict[str, Any]] = _none
     context: Callable[["Stack"], list[ContextFile]] = lambda s: []
+    block: type[Model] | None = None
+    field: Any = None  # pydantic's Field(default, description=...) of the block in the stack
+    key: str | None = None  # the block's key in the stack; None: `name`
+
+    @property
+    def block_key(self) -> str:
+        return self.key or self.name
 
 
-ORDER = ("base", "rocm", "rccl", "torch", "bitsandbytes", "hf", "unsloth", "llama_cpp", "ray", "entrypoints", "pylock",
-         "labels")
-
-
-def _all() -> list[Component]:
-    import importlib
-
-    return [importlib.import_module(f"toolbox.components.{name}").COMPONENT for name in ORDER]
+@cache
+def registry() -> tuple[Component, ...]:
+    """Every module of this package that defines COMPONENT, in image order (by place)."""
+    found = (importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__))
+    return tuple(sorted((m.COMPONENT for m in found if hasattr(m, "COMPONENT")), key=lambda c: c.place))
 
 
 def active(stack: "Stack") -> list[Component]:
-    return [c for c in _all() if c.applies(stack)]
+    return [c for c in registry() if c.applies(stack)]
 
 
 @dataclass(frozen=True)
@@ -94,10 +117,10 @@ class Part:
 
 
 def parts(stack: "Stack") -> list[Part]:
-    """Every active component's contribution, in ORDER: one pass over the components for render
+    """Every active component's contribution, in order: one pass over the components for render
     (the pins are the other, when the stack is resolved: the digest comes before the variables)."""
     out = []
-    for c in _all():
+    for c in registry():
         if not c.applies(stack):
             continue
         builds = c.builder is not None and c.builds(stack)

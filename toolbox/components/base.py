@@ -1,6 +1,11 @@
 """The OS layer: base image, toolbx/distrobox packages, the /opt/venv Python environment."""
 
-from toolbox.components import Component, ContextFile
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator
+
+from toolbox.components import Component, ContextFile, Model
+from toolbox.components.values import DIGEST_RE, FLOATING_WORDS, pinned_is_verified as _pinned_is_verified
 from toolbox.paths import PROJECT_ROOT
 
 SCRIPTS = PROJECT_ROOT / "dockerfiles" / "scripts"
@@ -37,29 +42,29 @@ DEVEL_PACKAGES = {
 
 
 def os_packages(stack, kind: str) -> list[str]:
-    fam = stack.base.family
+    fam = stack.model.base.family
     table = {"toolbx": TOOLBX_PACKAGES, "runtime": RUNTIME_PACKAGES, "devel": DEVEL_PACKAGES}[kind]
     pkgs = list(table[fam])
     if kind == "runtime" and fam == "fedora":
-        pkgs.append(stack.base.python)
+        pkgs.append(stack.model.base.python)
     if kind == "runtime" and fam == "debian":
         pkgs.append("python3")
-    if kind == "runtime" and stack.platform in ("rocm", "cuda"):
+    if kind == "runtime" and stack.model.platform in ("rocm", "cuda"):
         pkgs += RDMA_PACKAGES[fam]  # GPU images train across nodes; the cpu image uses gloo over TCP
     return sorted(set(pkgs))
 
 
 def _pins(stack):
-    pins = {"base.image": stack.base.image}
-    if stack.base.digest:
-        pins["base.digest"] = stack.base.digest
+    pins = {"base.image": stack.model.base.image}
+    if stack.model.base.digest:
+        pins["base.digest"] = stack.model.base.digest
     return pins
 
 
 def _variables(stack, pin_set):
     return {
         "packages": {k: os_packages(stack, k) for k in ("runtime", "toolbx", "devel")},
-        "python": "python3" if stack.base.family == "debian" else stack.base.python,
+        "python": "python3" if stack.model.base.family == "debian" else stack.model.base.python,
     }
 
 
@@ -73,5 +78,37 @@ def _context(stack):
     return out
 
 
-COMPONENT = Component("base", applies=lambda s: True, pins=_pins, builder="stages/base.j2",
+class Base(Model):
+    image: str = Field(description='base image with a release tag, e.g. registry.fedoraproject.org/fedora:43 (no floating tags)')
+    digest: Optional[str] = Field(None, description='manifest digest sha256:<64 hex> the image is pulled by; `toolbox bump base` resolves it')
+    family: Literal["fedora", "debian"] = Field(description='OS family: picks the package manager and package names')
+    python: str = Field("python3", description="the base's interpreter the /opt/venv is made with (fedora; debian always uses python3)")
+    unverified: bool = Field(False, description='true while the digest is not pinned: `toolbox build` then pins it on first use (a set digest counts as verified)')
+    _verified = _pinned_is_verified("digest")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        name, _, tag = v.rpartition(":")
+        if "/" in tag or not name or not tag:
+            raise ValueError(f"must name a tag, like fedora:43, got {v!r}")
+        if tag.lower() in FLOATING_WORDS:
+            raise ValueError(f"tag {tag!r} floats; name a release tag and pin a digest")
+        return v
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and not DIGEST_RE.match(v):
+            raise ValueError(f"must be sha256:<64 hex>, got {v!r}")
+        return v
+
+    @property
+    def ref(self) -> str:
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+COMPONENT = Component("base", place=0,
+                      block=Base, field=Field(description="the base image"),
+                      applies=lambda s: True, pins=_pins, builder="stages/base.j2",
                       variables=_variables, context=_context)

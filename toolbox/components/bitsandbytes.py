@@ -2,30 +2,76 @@
 released PyPI wheel (hash-checked) where its ROCm builds cover the stack's ROCm (0.50.1 ships
 libbitsandbytes_rocm714.so with gfx1151 code; none for 7.13)."""
 
-from toolbox.components import Component
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from toolbox.components import Component, Model
+from toolbox.components.values import (
+    check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version as _version,
+)
 
 
 def _pins(stack):
-    b = stack.bitsandbytes
+    b = stack.model.bitsandbytes
     if b.source == "git":
         return {"bitsandbytes.commit": b.commit, "bitsandbytes.version": b.version}
     return {"bitsandbytes.version": b.version, "bitsandbytes.source": "pypi",
             "bitsandbytes.wheel_sha256": b.wheel_sha256 or "unverified"}
 
 
-def rocm_library(stack) -> str:
+def hip(stack) -> str | None:
+    """HIP's major.minor as the stack knows it: rocm.hip_version, else a 7.x release's own; None for
+    a ROCm 10+ release whose HIP no record gives (10.1): the image build reads torch.version.hip."""
+    r = stack.model.rocm
+    return r.hip_version or (r.hip if int(r.version.split(".")[0]) < 10 else None)
+
+
+def rocm_library(stack) -> str | None:
     """The library bitsandbytes loads for the stack's ROCm: libbitsandbytes_rocm<major><minor>.so of
-    HIP's version (torch.version.hip: 7.14 on ROCm 7.14, 7.15 on ROCm 10.0), not of the ROCm release."""
-    return f"libbitsandbytes_rocm{''.join(stack.rocm.hip.split('.')[:2])}.so"
+    HIP's version (torch.version.hip: 7.14 on ROCm 7.14, 7.15 on ROCm 10.0), not of the ROCm release;
+    None where HIP's version is read in the image build."""
+    h = hip(stack)
+    return None if h is None else f"libbitsandbytes_rocm{''.join(h.split('.')[:2])}.so"
 
 
 def _built(stack) -> bool:
-    return stack.bitsandbytes.source == "git"
+    return stack.model.bitsandbytes.source == "git"
+
+
+class Bitsandbytes(Model):
+    source: Literal["git", "pypi"] = Field("git", description='git: built from `commit` for the stack\'s targets (HIP backend); '
+                                           "pypi: the released manylinux wheel, whose ROCm builds cover the stack's ROCm")
+    repo: str = Field("https://github.com/bitsandbytes-foundation/bitsandbytes", description='bitsandbytes git URL')
+    commit: Optional[str] = Field(None, description='40-hex commit to build (source: git)')
+    version: str = Field(description='the version: the wheel built (source: git) or installed (source: pypi)')
+    wheel_sha256: Optional[str] = Field(None, description="sha256 of the manylinux x86_64 wheel (source: pypi), checked in the build")
+    unverified: bool = Field(False, description='true while the commit (git) or the wheel sha256 (pypi) is not verified')
+    _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
+    _c = field_validator("commit")(classmethod(lambda cls, v: None if v is None else _commit(v)))
+    _v = field_validator("version")(classmethod(lambda cls, v: _version(v)))
+    _s = field_validator("wheel_sha256")(classmethod(lambda cls, v: _sha256(v)))
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> "Bitsandbytes":
+        if self.source == "git":
+            if self.commit is None:
+                raise ValueError("source: git needs `commit` (40-hex)")
+            if self.wheel_sha256 is not None:
+                raise ValueError("wheel_sha256 belongs to source: pypi")
+        else:
+            if self.commit is not None:
+                raise ValueError("source: pypi installs the released wheel: set `commit: null`")
+            if self.wheel_sha256 is None and not self.unverified:
+                raise ValueError("source: pypi needs `wheel_sha256` (or mark the block `unverified: true`)")
+        return self
 
 
 COMPONENT = Component(
-    "bitsandbytes", applies=lambda s: s.bitsandbytes is not None and s.platform == "rocm",
+    "bitsandbytes", place=40,
+    block=Bitsandbytes, field=Field(None, description='bitsandbytes built from source (platform rocm only)'),
+    applies=lambda s: s.model.bitsandbytes is not None and s.model.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
     builds=_built, needs_devel=_built,
-    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": s.rocm.hip},
+    variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": hip(s)},
 )

@@ -3,5 +3,5 @@
 from toolbox.components import Component, ContextFile
 from toolbox.paths import PROJECT_ROOT
 
-COMPONENT = Component("entrypoints", applies=lambda s: True, runtime="runtime/entrypoints.j2",
+COMPONENT = Component("entrypoints", place=90, applies=lambda s: True, runtime="runtime/entrypoints.j2",
                       context=lambda s: [ContextFile("entrypoints", src=PROJECT_ROOT / "entrypoints")])

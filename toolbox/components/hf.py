@@ -1,17 +1,33 @@
 """The Hugging Face stack at exact versions: transformers, trl, peft, accelerate, datasets."""
 
-from toolbox.components import Component
+from pydantic import Field, field_validator
+
+from toolbox.components import Component, Model
+from toolbox.components.values import check_version as _version
 
 NAMES = ("accelerate", "datasets", "peft", "transformers", "trl")
 
 
 def requirements(stack) -> list[str]:
-    return [f"{n}=={getattr(stack.hf, n)}" for n in NAMES]
+    return [f"{n}=={getattr(stack.model.hf, n)}" for n in NAMES]
 
 
 def _pins(stack):
-    return {f"{n}.version": getattr(stack.hf, n) for n in NAMES}
+    return {f"{n}.version": getattr(stack.model.hf, n) for n in NAMES}
 
 
-COMPONENT = Component("hf", applies=lambda s: True, pins=_pins, runtime="runtime/hf.j2",
+class Hf(Model):
+    transformers: str = Field(description='exact transformers version')
+    trl: str = Field(description='exact trl version')
+    peft: str = Field(description='exact peft version')
+    accelerate: str = Field(description='exact accelerate version')
+    datasets: str = Field(description='exact datasets version')
+    _v = field_validator("transformers", "trl", "peft", "accelerate", "datasets")(
+        classmethod(lambda cls, v: _version(v))
+    )
+
+
+COMPONENT = Component("hf", place=50,
+                      block=Hf, field=Field(description='the Hugging Face training libraries'),
+                      applies=lambda s: True, pins=_pins, runtime="runtime/hf.j2",
                       variables=lambda s, pin_set: {"hf_reqs": requirements(s)})

@@ -1,10 +1,10 @@
-"""The stack's Python lock (toolbox.stack.pylock): installed with --require-hashes.
+"""The stack's Python lock (toolbox.stack.python_lock): installed with --require-hashes.
 
 No templates of its own: torch.j2 installs from its torch part while torch's pins still match
 the lock (`python_lock_torch`), hf.j2 from the whole lock while every pin does (`python_lock`).
 The used lock's sha256 is a pin, so a different dependency set never shares an image tag.
 What the lock holds for these pins is read once, when the stack is resolved (`stack.python_lock`,
-toolbox.stack.pylock.LockState); this component only passes it on.
+toolbox.stack.python_lock.LockState); this component only passes it on.
 """
 
 import hashlib
@@ -42,6 +42,6 @@ def _context(stack):
     return out + ([] if ray is None else [ContextFile("python-lock/ray.txt", text=ray)])
 
 
-COMPONENT = Component("pylock", applies=lambda s: True, pins=_pins, context=_context,
+COMPONENT = Component("pylock", place=100, applies=lambda s: True, pins=_pins, context=_context,
                       variables=lambda s, pin_set: {"python_lock_torch": "python.lock.torch.sha256" in pin_set.pins,
                                                  "python_lock": "python.lock.sha256" in pin_set.pins})

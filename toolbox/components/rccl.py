@@ -1,6 +1,11 @@
 """RCCL built from a pinned commit of ROCm/rocm-systems with the series in rccl-patches/."""
 
-from toolbox.components import Component, ContextFile
+from typing import Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from toolbox.components import Component, ContextFile, Model
+from toolbox.components.values import check_commit as _commit, check_targets as _targets, check_url as _url
 from toolbox.paths import PROJECT_ROOT
 
 RCCL_PATCHES = PROJECT_ROOT / "rccl-patches"
@@ -9,7 +14,7 @@ HIPCHECK = PROJECT_ROOT / "toolbox" / "rccl" / "hipcheck.py"
 
 
 def _pins(stack):
-    r = stack.rccl
+    r = stack.model.rccl
     return {
         "rccl.commit": r.commit or "unverified",
         "rccl.repo": r.repo,
@@ -45,8 +50,42 @@ def _context(stack):
     return out
 
 
+class Rccl(Model):
+    repo: str = Field(description='git URL of the repository holding RCCL (ROCm/rocm-systems)')
+    # None only while unverified: the build then cannot fetch RCCL at all.
+    commit: Optional[str] = Field(None, description='40-hex commit of that repository; None only while unverified')
+    subdir: str = Field("projects/rccl", description="RCCL's folder inside the repository")
+    patches: Optional[str] = Field(None, description='a patch series folder (with a quilt-style `series` file), relative to the stack file or the project')
+    # None: the stack's gpu_targets, so another target is one field for the whole stack.
+    gpu_targets: Optional[list[str]] = Field(None, description="targets RCCL is built for; unset: the stack's gpu_targets")
+    enable_smi: bool = Field(False, description='build RCCL with amd-smi support')
+    build_rccl_tests: bool = Field(False, description='also build rccl-tests (all_reduce_perf, ...) for `rccl-check`')
+    fault_injection: Optional[bool] = Field(None, description="RCCL's FAULT_INJECTION cmake option: false builds with "
+                                            "-DFAULT_INJECTION=OFF (TheRock#7903: multi-node collectives of 64-512 MB "
+                                            "run far slower with it compiled in); unset: RCCL's own default (ON)")
+    unverified: bool = Field(False, description='true while the commit is not verified')
+    _u = field_validator("repo")(classmethod(lambda cls, v: _url(v)))
+    _c = field_validator("commit")(classmethod(lambda cls, v: None if v is None else _commit(v)))
+    _t = field_validator("gpu_targets")(classmethod(lambda cls, v: None if v is None else _targets(v)))
+
+    @field_validator("gpu_targets")
+    @classmethod
+    def _nonempty(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("must name at least one target (an empty list silently builds gfx906)")
+        return v
+
+    @model_validator(mode="after")
+    def _commit_or_unverified(self) -> "Rccl":
+        if self.commit is None and not self.unverified:
+            raise ValueError("commit is required (or mark the block `unverified: true`)")
+        return self
+
+
 COMPONENT = Component(
-    "rccl", applies=lambda s: s.rccl is not None, pins=_pins,
+    "rccl", place=20,
+    block=Rccl, field=Field(None, description='RCCL built from source with a patch series (platform rocm only)'),
+    applies=lambda s: s.model.rccl is not None, pins=_pins,
     builder="stages/rccl.j2", runtime="runtime/rccl.j2", needs_devel=lambda s: True,
     variables=lambda s, pin_set: {"rccl_series": series_in_context(s)}, context=_context,
 )

@@ -2,20 +2,25 @@
 
 import shlex
 
-from toolbox.components import Component
+from typing import Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from toolbox.components import Component, Model
+from toolbox.components.values import check_url as _url, check_version as _version, check_wheel_ref
 
 
 def device_extra(stack) -> str:
     """`[device-gfx1151]` for a multi-arch index (TheRock RELEASES.md, multi-arch PyTorch): the
     extra pulls amd-torch-device-<target> and rocm-sdk-device-<target>, the GPU code; without it
     pip installs host code only."""
-    if not stack.torch.multi_arch:
+    if not stack.model.torch.multi_arch:
         return ""
-    return "[" + ",".join(f"device-{t}" for t in stack.gpu_targets) + "]"
+    return "[" + ",".join(f"device-{t}" for t in stack.model.gpu_targets) + "]"
 
 
 def requirements(stack) -> list[str]:
-    t = stack.torch
+    t = stack.model.torch
     extra = device_extra(stack)
     reqs = [f"torch{extra}=={t.torch}"]
     if t.torchvision:
@@ -32,12 +37,19 @@ def install_requirements(stack) -> list[str]:
     a direct URL is the only candidate pip has for that name. setuptools (the rocm sdist's build
     backend) is not among them: closed_set() installs it first."""
     out = []
+    wheels = {n: hashed(ref) for n, ref in stack.model.torch.wheels.items()}
     for req in requirements(stack):
         name = req.split("[", 1)[0].split("==", 1)[0]
-        ref = stack.torch.wheels.get(name)
+        ref = wheels.get(name)
         out.append(f"{req.split('==', 1)[0]} @ {ref}" if ref else req)
     own = ("torch", "torchvision", "torchaudio", "setuptools")
-    return out + [f"{name} @ {ref}" for name, ref in sorted(stack.torch.wheels.items()) if name not in own]
+    return out + [f"{name} @ {ref}" for name, ref in sorted(wheels.items()) if name not in own]
+
+
+def hashed(ref: str) -> str:
+    """A wheel ref as the image installs it: a URL whose sha256 is left to first use (`toolbox
+    build` fills it in) renders as #sha256=UNVERIFIED, which no file matches, as the tarball's does."""
+    return ref if "#sha256=" in ref else f"{ref}#sha256=UNVERIFIED"
 
 
 def closed_set(stack) -> dict | None:
@@ -48,18 +60,18 @@ def closed_set(stack) -> dict | None:
     rocm, rocm-sdk-core, amd-torch-device-gfx115x, rocm-bootstrap); `check`: requires.py --closed,
     which fails unless every requirement a wheel of the set has on a ROCm name is met by another;
     `env`: for the sdist's build, which would ask offload-arch (no GPU in a build) for the target."""
-    wheels = stack.torch.wheels
+    wheels = stack.model.torch.wheels
     if "torch" not in wheels or "rocm" not in wheels:
         return None
     head = ["--no-index", "--no-deps"]
-    return {"setuptools": [*head, f"setuptools @ {wheels['setuptools']}"] if "setuptools" in wheels else [],
+    return {"setuptools": [*head, f"setuptools @ {hashed(wheels['setuptools'])}"] if "setuptools" in wheels else [],
             "install": [*head, "--no-build-isolation", *install_requirements(stack)],
             "check": ["--closed", *requirements(stack)],
-            "env": {"ROCM_SDK_TARGET_FAMILY": stack.gpu_targets[0], "ROCM_BOOTSTRAP_DISABLE_DETECTION": "1"}}
+            "env": {"ROCM_SDK_TARGET_FAMILY": stack.model.gpu_targets[0], "ROCM_BOOTSTRAP_DISABLE_DETECTION": "1"}}
 
 
 def _pins(stack):
-    t = stack.torch
+    t = stack.model.torch
     pins = {"torch.version": t.torch}
     if t.torchvision:
         pins["torchvision.version"] = t.torchvision
@@ -70,11 +82,42 @@ def _pins(stack):
     if t.multi_arch:
         pins["torch.device_extra"] = device_extra(stack)
     for name, ref in sorted(t.wheels.items()):
-        pins[f"{name}.wheel_sha256"] = ref.rsplit("#sha256=", 1)[1]
+        pins[f"{name}.wheel_sha256"] = ref.rsplit("#sha256=", 1)[1] if "#sha256=" in ref else "unverified"
     return pins
 
 
-COMPONENT = Component("torch", applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
+class Torch(Model):
+    index_url: Optional[str] = Field(None, description="pip index the torch wheels come from (e.g. AMD's per-target index)")
+    torch: str = Field(description='exact torch version, local tag included (e.g. "2.11.0+rocm7.13.0")')
+    torchvision: Optional[str] = Field(None, description='exact torchvision version, or unset to leave it out')
+    torchaudio: Optional[str] = Field(None, description='exact torchaudio version, or unset to leave it out')
+    multi_arch: bool = Field(False, description="index_url has TheRock's multi-arch layout (whl-multi-arch/, ROCm 7.14 on): "
+                             "torch and torchvision are installed with a [device-<target>] extra per gpu_target, which "
+                             "adds amd-torch-device-<target> and rocm-sdk-device-<target> (the GPU code)")
+    unverified: bool = Field(False, description='true while these versions are not verified against the index')
+    wheels: dict[str, str] = Field(default_factory=dict, description="wheel files of index_url pinned on first use "
+                                   "(`toolbox build` records them in the user's pins file): package -> "
+                                   "'<wheel URL>#sha256=<64 hex>'; installed by that URL, and pip checks the hash. "
+                                   "Also the wheels coupled to torch by exact versions (triton, rocm-sdk-core, "
+                                   "rocm-sdk-libraries, amd-torch-device-<target>, amd-torchvision-device-<target>, "
+                                   "rocm-sdk-device-<target>): 'https://...#sha256=<64 hex>' on torch's +rocm<X> line, "
+                                   "so pip takes none of the ROCm set from an index")
+    _v = field_validator("torch", "torchvision", "torchaudio")(
+        classmethod(lambda cls, v: None if v is None else _version(v))
+    )
+    _u = field_validator("index_url")(classmethod(lambda cls, v: None if v is None else _url(v)))
+
+    @model_validator(mode="after")
+    def _wheels(self) -> "Torch":
+        for name, ref in self.wheels.items():
+            pinned = getattr(self, name, None) if name in ("torch", "torchvision", "torchaudio") else None
+            check_wheel_ref(name, ref, pinned, self.torch, self.torchvision)
+        return self
+
+
+COMPONENT = Component("torch", place=30,
+                      block=Torch, field=Field(description='PyTorch'),
+                      applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
                       # Quoted for the RUN shell: a [device-...] extra is a glob pattern there.
                       # torch_reqs: what later pip steps repeat to keep torch as it is (versions: already
                       # satisfied); torch_install_reqs: what the torch step installs (pinned wheel URLs).

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from toolbox import components
 from toolbox.errors import UserError
 from toolbox.paths import DEFAULT_STACK, STACKS_DIR
-from toolbox.stack import digest, pylock
+from toolbox.stack import digest, python_lock
 from toolbox.stack.source import Origin, apply_overrides, apply_values, format_errors, load_raw
 from toolbox.stack.model import StackModel
 from toolbox.stack.resolved import Stack
@@ -93,6 +93,6 @@ def _resolve(raw: dict, origin: Origin, source: Path, derived_from: Stack | None
     except ValidationError as exc:
         raise UserError(format_errors(exc, origin)) from None
     stack = Stack(model, source, origin, raw, derived_from=derived_from)
-    stack.python_lock = pylock.state(stack)  # once: the lock component, the pins and `build`'s check read it
+    stack.python_lock = python_lock.state(stack)  # once: the lock component, the pins and `build`'s check read it
     stack.pin_set = digest.compute(model, components.pins(stack))
     return stack

@@ -38,7 +38,7 @@ from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.paths import cache_dir, state_dir
 from toolbox.stack import statefiles, wheel_index
-from toolbox.stack.pylock import python_version
+from toolbox.stack.python_lock import python_version
 
 PINS_FILE = "pins.lock.json"  # the name users have; the word for it is "pins file"
 MANIFEST = "share/therock/therock_manifest.json"
@@ -179,6 +179,23 @@ def pin_tarball(url: str, *, rccl_commit: str | None, pins_file: PinsFile, froze
     return got
 
 
+def pin_file(url: str, field: str, *, pins_file: PinsFile, frozen: bool, ca_bundle: Path | None = None) -> str:
+    """The sha256 of a file the stack names by URL alone (`field`: a torch.wheels entry): from the
+    pins file, else downloaded once into the cache, hashed and recorded; pip checks it in the image."""
+    entry = pins_file.file(url)
+    if entry is not None:
+        return entry["sha256"]
+    if frozen:
+        raise UserError(f"--frozen: {field} {url} has no sha256 and is not in the pins file {pins_file.path}; "
+                        f"build once without --frozen, or --set {field}='{url}#sha256=<64 hex>'")
+    got = download(url, cached_path(url), ca_bundle=ca_bundle)
+    pins_file.data["files"][url] = {"sha256": got, "locked": _now()}
+    pins_file.save()
+    _loud(f"{url} sha256 {got} ({field}: no public record gives it; recorded in {pins_file.path}, "
+          "later builds install exactly these bytes: pip checks the hash)")
+    return got
+
+
 def _fetch_text(url: str, ca_bundle: Path | None) -> tuple[str, str]:
     """(the page, the URL it came from after redirects: ROCm 10's stable whl-next/ sends each
     project page on to pytorch/whl-next/ or core/whl-next/, and relative links resolve there)."""
@@ -286,9 +303,9 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
     (fetching on first use)."""
     pins_file = pins_file or PinsFile()
     out: list[PinUpdate] = []
-    rocm = getattr(stack, "rocm", None)
+    rocm = stack.model.rocm
     if rocm is not None and rocm.source == "tarball" and rocm.tarball.sha256 is None:
-        rccl = getattr(stack, "rccl", None)
+        rccl = stack.model.rccl
         sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), pins_file=pins_file,
                           frozen=frozen, ca_bundle=ca_bundle)
         out += [PinUpdate(("rocm", "tarball", "sha256"), sha), PinUpdate(("rocm", "tarball", "unverified"), False)]
@@ -297,17 +314,25 @@ def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
             # No public record names this release's RCCL commit (ROCm 10.1): its own manifest does.
             _loud(f"rccl.commit {commit}: the rocm-systems commit {MANIFEST} of {rocm.tarball.url} names")
             out += [PinUpdate(("rccl", "commit"), commit), PinUpdate(("rccl", "unverified"), False)]
-    torch = getattr(stack, "torch", None)
-    if torch is not None and stack.platform == "rocm" and torch.index_url:
+    torch = stack.model.torch
+    if torch is not None and stack.model.platform == "rocm" and torch.index_url:
         # AMD's wheel index: only the user's network reaches it, so its wheels are not in the
-        # checked-in Python lock (toolbox.stack.pylock's first-use list); pinned here instead.
+        # checked-in Python lock (toolbox.stack.python_lock's first-use list); pinned here instead.
         for name in ("torch", "torchvision", "torchaudio"):
             version = getattr(torch, name)
             if version is not None and name not in torch.wheels:
                 ref = pin_wheel(torch.index_url, name, version, python_version(stack), pins_file=pins_file,
                                 frozen=frozen, ca_bundle=ca_bundle)
                 out.append(PinUpdate(("torch", "wheels", name), ref))
-    base = stack.base
+    if torch is not None:
+        # The ROCm set pinned by URL whose sha256s no record gives (ROCm 10.1): hashed on first use.
+        for name, ref in sorted(torch.wheels.items()):
+            if "#sha256=" not in ref:
+                sha = pin_file(ref, f"torch.wheels.{name}", pins_file=pins_file, frozen=frozen, ca_bundle=ca_bundle)
+                out.append(PinUpdate(("torch", "wheels", name), f"{ref}#sha256={sha}"))
+        if torch.unverified and any(u.path[:2] == ("torch", "wheels") for u in out):
+            out.append(PinUpdate(("torch", "unverified"), False))
+    base = stack.model.base
     if base.digest is None and base.unverified:
         digest = pin_image(base.image, pins_file=pins_file, frozen=frozen, probe=probe or engine_digest(engine))
         out += [PinUpdate(("base", "digest"), digest), PinUpdate(("base", "unverified"), False)]

@@ -24,7 +24,7 @@ class Stack:
     (`pin_set`: the pins and their digest, set by load_stack once the components' pins are known)."""
 
     pin_set: "PinSet"
-    python_lock: Any  # toolbox.stack.pylock.LockState, set by load_stack (not imported: pylock names components)
+    python_lock: Any  # toolbox.stack.python_lock.LockState, set by load_stack (not imported: python_lock names components)
 
     def __init__(self, model: StackModel, source: Path, origin: Origin, raw: dict,
                  derived_from: "Stack | None" = None):
@@ -38,8 +38,6 @@ class Stack:
         else:  # pin updates touch no patch field: what the first load read and checked stays
             self.rccl_series = derived_from.rccl_series
             self.unsloth_patches = derived_from.unsloth_patches
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
 
     @property
     def rccl_targets(self) -> list[str]:

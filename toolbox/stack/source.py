@@ -2,7 +2,7 @@
 
 The result is a plain dict plus an `Origin` (where each field path was written), so that a
 validation error of toolbox.stack.model names the file and line the user must edit. Public
-API (toolbox.stack.bump uses it too): `Origin`, `read_yaml`, `load_raw`, `apply_overrides`,
+API (toolbox.stack.bumping uses it too): `Origin`, `read_yaml`, `load_raw`, `apply_overrides`,
 `apply_values`, `format_errors`, `field_lines`.
 """
 
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from toolbox_train import safe_yaml
 
 from toolbox.errors import UserError
-from toolbox.stack.values import coupled_names
+from toolbox.components.values import coupled_names
 
 
 @dataclass

@@ -16,9 +16,9 @@
   pytorch/whl-next/ or core/whl-next/; links are resolved where the page is). A multi-arch index (torch.multi_arch, whl-multi-arch/) must also list
   amd-torch-device-<target> at that torch version for every GPU target.
   `--to 10.1` on a stack of ROCm 10.0 (each 10.x minor is a torch line of its own) writes a new
-  stack beside it (gfx1151-rocm10.1) extending it, with the facts of that release's own files:
-  the tarball's sha256, RCCL at the commit its TheRock manifest names, HIP's version from its
-  libamdhip64, torch/torchvision/torchaudio of its exact line (wheels pinned on first use).
+  stack beside it (gfx1151-rocm10.1) extending it, from that release's own files
+  (new_line: each file hashed, the whole set the old stack pins at the new
+  line's files in the whl-next/<name>/<file> form; rocm-bootstrap and setuptools keep their pins).
 - rccl, bitsandbytes, unsloth, unsloth_zoo, therock: a git ref (--to TAG|BRANCH, default the
   remote's HEAD) resolved to its 40-hex commit with `git ls-remote`.
 - base: an image tag resolved to its manifest digest through the registry's v2 API.
@@ -28,21 +28,21 @@ The file is edited line by line (comments stay), re-validated, then written atom
 
 from __future__ import annotations
 
-import hashlib
 import re
-import subprocess
-import urllib.error
+import tempfile
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
+from packaging.utils import parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.stack import wheel_index
-from toolbox.stack.load import load_stack, resolve_ref
+from toolbox.stack.load import STACKS_DIR, load_stack, resolve_ref
+from toolbox.stack.remote import _open, resolve_digest, resolve_git, sha256_url
 from toolbox.stack.source import field_lines
+from toolbox.components.values import UNCOUPLED
 
 GIT_FIELDS = {
     "rccl": ("rccl", "repo", "commit"),
@@ -52,24 +52,6 @@ GIT_FIELDS = {
     "therock": ("rocm.therock", "repo", "commit"),
 }
 COMPONENTS = sorted(["rocm", "torch", "base", *GIT_FIELDS])
-
-
-def _open(url: str, method: str = "GET", headers: dict | None = None):
-    req = urllib.request.Request(url, method=method, headers=headers or {})
-    try:
-        return urllib.request.urlopen(req, timeout=60)
-    except (urllib.error.URLError, OSError) as exc:
-        raise ToolError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
-    except ValueError as exc:  # http.client.InvalidURL and the like: what the URL was built from
-        raise UserError(f"{url}: not a URL that can be fetched ({exc})") from None
-
-
-def sha256_url(url: str) -> str:
-    h = hashlib.sha256()
-    with _open(url) as resp:
-        for chunk in iter(lambda: resp.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def resolve_tarball(index_url: str, target: str, to: str | None) -> tuple[str, str]:
@@ -112,9 +94,9 @@ def _index_wheels(index_url: str, project: str) -> list[wheel_index.Wheel]:
 def resolve_torch(stack, index_url: str, to: str | None, rocm: str | None = None) -> dict[str, str]:
     """torch/torchvision/torchaudio versions for the stack's ROCm (or `rocm`: a new line's, whose
     wheels the stack file does not pin yet) from its pip index."""
-    local = f"rocm{rocm or stack.rocm.version}"
-    m = re.fullmatch(r"python(\d)\.(\d+)", stack.base.python or "")
-    interp = f"cp{m[1]}{m[2]}" if m and stack.base.family == "fedora" else None
+    local = f"rocm{rocm or stack.model.rocm.version}"
+    m = re.fullmatch(r"python(\d)\.(\d+)", stack.model.base.python or "")
+    interp = f"cp{m[1]}{m[2]}" if m and stack.model.base.family == "fedora" else None
     torches = wheel_index.versions(_index_wheels(index_url, "torch"), local=local, interpreter=interp)
     if not torches:
         raise ToolError(f"{wheel_index.project_url(index_url, 'torch')}: no torch wheel +{local}"
@@ -128,13 +110,13 @@ def resolve_torch(stack, index_url: str, to: str | None, rocm: str | None = None
         torches = set(cands)
     torch = max(torches)
     out = {"torch.torch": str(torch)}
-    if stack.torch.torchvision:
+    if stack.model.torch.torchvision:
         vision = {v for v in wheel_index.versions(_index_wheels(index_url, "torchvision"), local=local, interpreter=interp)
                   if v.release[:2] == (0, torch.minor + 15)}
         if not vision:
             raise ToolError(f"{index_url}: no torchvision 0.{torch.minor + 15}.* +{local} to pair with torch {torch}")
         out["torch.torchvision"] = str(max(vision))
-    if stack.torch.torchaudio:
+    if stack.model.torch.torchaudio:
         # torchaudio is built at torch's version up to ROCm 7.x; ROCm 10.0's index pairs torch
         # 2.13.0 with torchaudio 2.11.0.2 (same local tag): the same version where there is one,
         # else the newest not above torch's.
@@ -145,8 +127,8 @@ def resolve_torch(stack, index_url: str, to: str | None, rocm: str | None = None
         out["torch.torchaudio"] = str(max(paired))
     if rocm is None:
         out.update(_rewheel(stack, index_url, out, interp))
-    if stack.torch.multi_arch:
-        for target in stack.gpu_targets:
+    if stack.model.torch.multi_arch:
+        for target in stack.model.gpu_targets:
             device = f"amd-torch-device-{target}"
             if torch not in wheel_index.versions(_index_wheels(index_url, device)):
                 raise ToolError(f"{index_url}: torch {torch} has no {device} {torch} (the GPU code of "
@@ -162,7 +144,7 @@ def _rewheel(stack, index_url: str, versions: dict[str, str], interp: str | None
 
     out = {}
     path = stack.source
-    for name in stack.torch.wheels:
+    for name in stack.model.torch.wheels:
         key = f"torch.wheels.{name}"
         if not _has(path, key) or f"torch.{name}" not in versions:
             continue
@@ -175,51 +157,6 @@ def _rewheel(stack, index_url: str, versions: dict[str, str], interp: str | None
         w = found[0]
         out[key] = f"{w.url}#sha256={w.sha256 or sha256_url(w.url)}"
     return out
-
-
-def resolve_git(repo: str, ref: str | None) -> str:
-    ref = ref or "HEAD"
-    if ref == "latest":
-        ref = "HEAD"
-    try:
-        out = subprocess.run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], capture_output=True,
-                             text=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ToolError(f"git ls-remote {repo}: {exc}") from None
-    if out.returncode != 0:
-        raise ToolError(f"git ls-remote {repo} {ref}: {out.stderr.strip()}")
-    rows = [line.split("\t") for line in out.stdout.splitlines() if "\t" in line]
-    # An annotated tag's peeled line (^{}) names the commit; prefer it.
-    peeled = [sha for sha, name in rows if name.endswith("^{}")]
-    exact = [sha for sha, name in rows if name in (ref, f"refs/heads/{ref}", f"refs/tags/{ref}")]
-    for cands in (peeled, exact, [sha for sha, _ in rows]):
-        if cands:
-            return cands[0]
-    raise UserError(f"--to {ref}: no such ref in {repo}")
-
-
-def resolve_digest(image: str, registry_url: str | None = None) -> str:
-    """Manifest digest of image (registry/name:tag) via the registry's v2 API (anonymous)."""
-    ref, _, tag = image.rpartition(":")
-    host, _, name = ref.partition("/")
-    if "." not in host and ":" not in host:
-        host, name = "registry-1.docker.io", ref
-    if host == "docker.io":
-        host = "registry-1.docker.io"
-        if "/" not in name:
-            name = f"library/{name}"
-    base = registry_url or f"https://{host}"
-    accept = ", ".join([
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-    ])
-    with _open(f"{base}/v2/{name}/manifests/{tag}", method="HEAD", headers={"Accept": accept}) as resp:
-        digest = resp.headers.get("Docker-Content-Digest")
-    if not digest or not re.match(r"^sha256:[0-9a-f]{64}$", digest):
-        raise ToolError(f"{base}: no Docker-Content-Digest for {image}")
-    return digest
 
 
 def _yaml_scalar(value) -> str:
@@ -254,29 +191,29 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
     stack = load_stack(str(path))
     changes: dict[str, object] = {}
     if component == "rocm":
-        if stack.rocm is None or stack.rocm.source != "tarball":
+        if stack.model.rocm is None or stack.model.rocm.source != "tarball":
             raise UserError(f"{path}: rocm: bump rocm needs a tarball ROCm (use `bump therock` for source)")
-        index = index_url or stack.rocm.tarball.url.rsplit("/", 1)[0] + "/"
-        version, url = resolve_tarball(index, stack.gpu_targets[0], to)
+        index = index_url or stack.model.rocm.tarball.url.rsplit("/", 1)[0] + "/"
+        version, url = resolve_tarball(index, stack.model.gpu_targets[0], to)
         # Within ROCm 10 each minor is a line of its own (torch +rocm10.0.0 vs +rocm10.1.0): its own stack.
-        if version.split(".")[0] == stack.rocm.version.split(".")[0] and version.split(".")[:2] != \
-                stack.rocm.version.split(".")[:2] and int(version.split(".")[0]) >= 10 and stack.torch.index_url:
-            return new_line(path, stack, version, url, index_url)
-        if version.split(".")[0] != stack.rocm.version.split(".")[0] and stack.torch.index_url:
+        if version.split(".")[0] == stack.model.rocm.version.split(".")[0] and version.split(".")[:2] != \
+                stack.model.rocm.version.split(".")[:2] and int(version.split(".")[0]) >= 10 and stack.model.torch.index_url:
+            return new_line(path, stack, version, url)
+        if version.split(".")[0] != stack.model.rocm.version.split(".")[0] and stack.model.torch.index_url:
             # The torch pins name their ROCm (+rocm<version>): a new line needs its own torch
             # build, and often another index (whl-next/ from 10.0): not something to guess.
-            raise UserError(f"{path}: rocm: {stack.rocm.version} -> {version} changes the ROCm line; torch "
-                            f"{stack.torch.torch} is built for the old one: start from a stack of that line "
+            raise UserError(f"{path}: rocm: {stack.model.rocm.version} -> {version} changes the ROCm line; torch "
+                            f"{stack.model.torch.torch} is built for the old one: start from a stack of that line "
                             "(e.g. gfx1151-rocm10.0, `toolbox stacks`) or set rocm and torch together")
         changes = {"rocm.version": version, "rocm.tarball.url": url, "rocm.tarball.sha256": sha256_url(url),
                    "rocm.tarball.unverified": False}
     elif component == "torch":
-        if stack.rocm is None or not (index_url or stack.torch.index_url):
+        if stack.model.rocm is None or not (index_url or stack.model.torch.index_url):
             raise UserError(f"{path}: torch: bump torch needs a ROCm stack with torch.index_url (or --index-url)")
-        changes = dict(resolve_torch(stack, index_url or stack.torch.index_url, to))
+        changes = dict(resolve_torch(stack, index_url or stack.model.torch.index_url, to))
         changes["torch.unverified"] = False
     elif component == "base":
-        image = stack.base.image
+        image = stack.model.base.image
         if to and to != "latest":
             image = f"{image.rpartition(':')[0]}:{to}"
             changes["base.image"] = image
@@ -326,20 +263,50 @@ def tarball_facts(tarball: Path) -> tuple[str | None, str | None]:
     return manifest_commit(tarball), hip
 
 
-def new_line(path: Path, stack, version: str, url: str, index_url: str | None) -> dict[str, object]:
-    """`bump rocm --to 10.1` on a stack of another ROCm 10 line (gfx1151-rocm10.0): a new stack file
-    beside it, extending it, with what that release's own files say: the tarball's sha256 (hashed
-    here), RCCL at the rocm-systems commit its TheRock manifest names, HIP's version from its
-    libamdhip64 (what bitsandbytes picks its library by; the image build checks both), and torch,
-    torchvision, torchaudio of its exact +rocm<version> line from torch.index_url. AMD's index
-    publishes no sha256s: the wheels are pinned on first use (the first build records them, a
-    later one refuses other bytes), and the whole set is not pinned by URL yet."""
-    import tempfile
+def _want(name: str, versions: dict[str, str], rocm: str) -> str:
+    """The version of `name` on the new line ('*' + local: triton, whose build hash no pin names)."""
+    torch, vision = versions["torch.torch"], versions.get("torch.torchvision", "")
+    local = torch.partition("+")[2]
+    if name in ("torch", "torchvision", "torchaudio"):
+        return versions[f"torch.{name}"]
+    if name.startswith("amd-torchvision-device-"):
+        return vision
+    if name.startswith("amd-torch-device-"):
+        return torch
+    return f"*+{local}" if name == "triton" else rocm  # rocm-sdk-*, the rocm sdist
 
+
+def _wheel_ref(index_url: str, name: str, want: str, interp: str | None) -> str:
+    """'<index>/<name>/<file>#sha256=<hex>' of the new line's file for `name`."""
+    if name == "rocm":  # an sdist: the page's .tar.gz link
+        url = wheel_index.project_url(index_url, name)
+        with _open(url) as resp:
+            page, at = resp.read().decode("utf-8", "replace"), resp.geturl()
+        files = [f for f in re.findall(r'href="([^"#]+\.tar\.gz)', page)
+                 if str(parse_sdist_filename(urllib.parse.unquote(f.rsplit("/", 1)[-1]))[1]) == want]
+        if not files:
+            raise ToolError(f"{url}: no rocm {want} sdist to pin torch.wheels.rocm by")
+        file, link = urllib.parse.unquote(files[0].rsplit("/", 1)[-1]), urllib.parse.urljoin(at, files[0])
+        sha = None
+    else:
+        found = sorted((w for w in _index_wheels(index_url, name) if w.runs_on_linux_x86_64()
+                        and (interp is None or {interp, "py3"} & w.interpreters)
+                        and (w.version == Version(want) if not want.startswith("*+")
+                             else f".{w.version.local}".endswith(f".{want[2:]}"))), key=lambda w: w.version)
+        if not found:
+            raise ToolError(f"{wheel_index.project_url(index_url, name)}: no {name} {want} wheel"
+                            + (f" for {interp}" if interp else "") + " (linux x86_64) to pin torch.wheels by")
+        file, link, sha = found[-1].filename, found[-1].url, found[-1].sha256
+    ref = urllib.parse.urljoin(wheel_index.project_url(index_url, name), urllib.parse.quote(file))
+    return f"{ref}#sha256={sha or sha256_url(link)}"
+
+
+def new_line(path: Path, stack, version: str, url: str) -> dict[str, object]:
+    """The new stack file beside `path`, extending it (it is validated before it is written).
+    AMD's index publishes no sha256s: each file is downloaded and hashed here."""
     from toolbox.stack.pinning import download
-    from toolbox.stack.load import STACKS_DIR
 
-    old, new = ".".join(stack.rocm.version.split(".")[:2]), ".".join(version.split(".")[:2])
+    old, new = ".".join(stack.model.rocm.version.split(".")[:2]), ".".join(version.split(".")[:2])
     name = stack.model.name.replace(f"rocm{old}", f"rocm{new}")
     name = name if name != stack.model.name else f"{name}-rocm{new}"
     out = path.with_name(f"{name}.yaml")
@@ -348,20 +315,26 @@ def new_line(path: Path, stack, version: str, url: str, index_url: str | None) -
     with tempfile.TemporaryDirectory(prefix="toolbox-bump-") as tmp:
         sha = download(url, Path(tmp) / "rocm.tar.gz")
         commit, hip = tarball_facts(Path(tmp) / "rocm.tar.gz")
-    if stack.rccl is not None and commit is None:
+    if stack.model.rccl is not None and commit is None:
         raise ToolError(f"{url}: its TheRock manifest names no rocm-systems commit: RCCL's cannot be taken from it")
-    torch = resolve_torch(stack, stack.torch.index_url, None, rocm=version)  # (index_url is the tarballs')
+    index = stack.model.torch.index_url
+    torch = resolve_torch(stack, index, None, rocm=version)  # (the bump's index_url is the tarballs')
+    m = re.fullmatch(r"python(\d)\.(\d+)", stack.model.base.python or "")
+    interp = f"cp{m[1]}{m[2]}" if m and stack.model.base.family == "fedora" else None
+    wheels = {n: (ref if n in UNCOUPLED else _wheel_ref(index, n, _want(n, torch, version), interp))
+              for n, ref in stack.model.torch.wheels.items()}
     parent = stack.model.name if path.resolve().parent == STACKS_DIR.resolve() else path.name
     q = lambda v: f'"{v}"'
     lines = [f"# Written by `toolbox bump rocm --to {new}` from {path.name}: ROCm {version}'s tarball (sha256",
              "# hashed on download), RCCL at the rocm-systems commit its TheRock manifest names, HIP as its",
-             f"# libamdhip64 names it, torch from {stack.torch.index_url} (wheels pinned on first use).",
+             f"# libamdhip64 names it, torch and the wheels coupled to it from {index}, each file hashed.",
              f"extends: {parent}", f"name: {name}", f"description: {stack.model.description.replace(old, new)}",
              "rocm:", f"  version: {q(version)}"]
     lines += [f"  hip_version: {q(hip)}"] if hip else []
     lines += ["  tarball:", f"    url: {url}", f"    sha256: {sha}", "    unverified: false"]
-    lines += ["rccl:", f"  commit: {commit}"] if stack.rccl is not None else []
+    lines += ["rccl:", f"  commit: {commit}"] if stack.model.rccl is not None else []
     lines += ["torch:"] + [f"  {k.split('.', 1)[1]}: {q(v)}" for k, v in torch.items()]
+    lines += ["  wheels:"] + [f"    {n}: {ref}" for n, ref in wheels.items()] if wheels else []
     text = "\n".join(lines) + "\n"
     tmp = out.with_name(f".{out.name}.bump")
     tmp.write_text(text, encoding="utf-8")

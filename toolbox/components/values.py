@@ -1,6 +1,6 @@
 """Checks of single stack values (commits, versions, hashes, URLs, GPU targets, pinned wheels),
-used by the stack schema in toolbox.stack.model; each raises ValueError (or FieldError) with the
-message the user sees next to the field's line."""
+used by the components' blocks and the stack schema (toolbox.stack.model); each raises ValueError
+(or FieldError) with the message the user sees next to the field's line."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def check_wheel_ref(name: str, ref: str, pinned: str | None, torch: str | None =
                     torchvision: str | None = None) -> None:
     """`torch.wheels.<name>`: '<wheel URL>#sha256=<64 hex>' of a package the block pins, at its
     version; or 'https://...#sha256=<64 hex>' of one coupled to it (coupled_names()), on the same
-    +rocm<X> line as torch."""
+    +rocm<X> line as torch. Without '#sha256=...', the file's sha256 is pinned on first use."""
     from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename,
                                  parse_wheel_filename)
 
@@ -150,11 +150,15 @@ def check_wheel_ref(name: str, ref: str, pinned: str | None, torch: str | None =
                          "the rocm sdist, rocm-bootstrap, setuptools)")
     scheme = r"https://" if coupled else r"(?:https?|file)://"
     sdist = coupled and name == "rocm"  # an sdist only: built where it installs
-    m = re.fullmatch(scheme + r"\S+/([^/#\s]+" + (r"\.tar\.gz" if sdist else r"\.whl") + r")#sha256=([0-9a-f]{64})", str(ref))
+    # No #sha256=: pinned on first use (the first build hashes the file and records it in the
+    # user's pins file, a later build refuses other bytes: toolbox.stack.pinning).
+    m = re.fullmatch(scheme + r"\S+/([^/#\s]+" + (r"\.tar\.gz" if sdist else r"\.whl") + r")(?:#sha256=([0-9a-f]{64}))?",
+                     str(ref))
     if not m:
         want = "https://<wheel URL>" if coupled else "<wheel URL>"
         want = "https://<sdist URL>.tar.gz" if sdist else want
-        raise FieldError(("wheels", name), f"expected '{want}#sha256=<64 hex>', got {ref!r}")
+        raise FieldError(("wheels", name), f"expected '{want}#sha256=<64 hex>' (or the URL alone: "
+                         f"its sha256 pinned on first use), got {ref!r}")
     try:
         if sdist:
             dist, version = parse_sdist_filename(unquote(m.group(1)))
