@@ -81,11 +81,11 @@ def pick(cfg, backend: str, gpu: bool) -> tuple[str, str]:
     if g != "auto":
         return g, "set in the config"
     if backend == "unsloth":
-        # Unsloth's own fast sampler is vLLM (fast_inference), which finetune does not load; its rows with
-        # the static cache (and with TRL's default) stopped at step 1 on an H100 (2026-12-06), so nothing
-        # under Unsloth is measured faster; backend: auto takes hf for GRPO (its unit, objectives/grpo/)
-        return "transformers", ("auto: backend unsloth, whose static cache under compile has not run a step "
-                                "(H100, 2026-12-06); backend auto takes hf for GRPO")
+        # Unsloth's patched trainer generates with its own cache (it passes cache_implementation to generate
+        # itself): 2.11 s a step vs 2.05 with the static cache on top, one row each (H100, 2026-12-06,
+        # docs/bench/2026-12-06-h100/grpo-unsloth-2/): no compile to wait for, for no measured gain
+        return "transformers", ("auto: backend unsloth, its own generation (H100, 2026-12-06: 2.11 s a GRPO step, "
+                                "4.4x TRL's default path on hf)")
     if not gpu:
         # transformers compiles decoding only on an accelerator (generate's _valid_auto_compile_criteria):
         # a static cache alone is the dynamic one's work in a preallocated buffer

@@ -124,6 +124,7 @@ UNIT = Objective("grpo", "completions sampled per prompt and scored by rewards; 
                  metrics=("reward", "reward_std"), samples=True,
                  # its loss reads each prompt with its completion (max_seq_length bounds the prompt alone)
                  extra_tokens=lambda cfg: cfg.grpo.max_completion_length,
-                 # Measured (H100, llama-1b LoRA, docs/preference.md): hf's static sampler 1.59 s a step, TRL's
-                 # default 9.19, both of Unsloth's rows stopped at step 1; vllm-colocate is TRL's own mode
-                 auto_backend=lambda cfg: "hf")
+                 # Measured (H100, llama-1b LoRA, docs/bench/2026-12-06-h100/grpo-unsloth-2/): Unsloth's own
+                 # path 2.11 s a step at 3.4 GiB, hf's static sampler 2.23 s at 13.6 GiB (TRL's default on hf:
+                 # 9.19 s, ../grpo-speed/): Unsloth where it runs; vllm-colocate is TRL's own mode, on hf
+                 auto_backend=lambda cfg: "hf" if cfg.grpo.generation == "vllm-colocate" else None)
