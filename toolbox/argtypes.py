@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
+
+from toolbox_train import contract
 
 # The image reference grammar of the distribution spec (what podman and Docker accept):
 # [registry[:port]/]path[:tag][@digest]; lower-case path, a tag of at most 128 characters.
@@ -99,21 +100,6 @@ def sync_mode(text: str) -> str:
     return text
 
 
-class _Renamed(argparse.Action):
-    """An old flag name, still taken: it sets the new flag's value and says the new name on stderr."""
-
-    def __init__(self, option_strings, dest, new: str, **kw):
-        self.new = new
-        super().__init__(option_strings, dest, **kw)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"{parser.prog}: {option_string} is now {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
-    """Keep `old` working for the flag `new` (already added to parser), hidden from --help: the same
-    value, type and choices; each use prints one line naming the new flag (one name per concept)."""
-    action = next(a for a in parser._actions if new in a.option_strings)
-    parser.add_argument(old, dest=action.dest, type=action.type, choices=action.choices, metavar=action.metavar,
-                        action=_Renamed, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+# An old flag name kept working hidden, one line naming the new one: the contract's, as launch and
+# rccl-check take it in the image.
+renamed = contract.renamed
