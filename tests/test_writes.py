@@ -37,8 +37,7 @@ ALLOWED = {
     ("toolbox/commands/lint.py", "lint_text", "write_text"): _TEMP,
     ("toolbox/engines/docker.py", "_build_api", "tarfile.open"): _TEMP + " (the context sent to Docker)",
     ("toolbox/stack/python_lock.py", "compile_lock", "write_text"): _TEMP,
-    ("toolbox/stack/bumping.py", "bump", "write_text"): _TEMP + " (the stack checked before atomic_write)",
-    ("toolbox/stack/bumping.py", "new_line", "write_text"): _TEMP + " (the stack checked before atomic_write)",
+    ("toolbox/stack/bumping.py", "_write_checked", "write_text"): _TEMP + " (the stack checked before atomic_write)",
     ("toolbox/stack/pinning.py", "download", "tempfile.mkstemp"): (
         "a download streamed to .part-, renamed only when its sha256 is the pin: a torn file fails the check"),
     ("toolbox/stack/pinning.py", "download", "os.fdopen"): "the same download",

@@ -233,6 +233,14 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
             changes[f"{block}.unverified"] = False
     changes = {k: v for k, v in changes.items() if k.endswith("unverified") is False or _has(path, k)}
     text = edit_fields(path, changes)
+    _write_checked(path, text)
+    return changes
+
+
+
+def _write_checked(path: Path, text: str) -> None:
+    """Write a stack file only once its new text loads as a stack (checked from a temporary file
+    beside it, where its `extends:` resolves as it will), then atomically."""
     tmp = path.with_name(f".{path.name}.bump")
     tmp.write_text(text, encoding="utf-8")
     try:
@@ -240,7 +248,6 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
     finally:
         tmp.unlink(missing_ok=True)
     atomic_write(path, text)
-    return changes
 
 
 def _has(path: Path, dotted: str) -> bool:
@@ -336,12 +343,6 @@ def new_line(path: Path, stack, version: str, url: str) -> dict[str, object]:
     lines += ["torch:"] + [f"  {k.split('.', 1)[1]}: {q(v)}" for k, v in torch.items()]
     lines += ["  wheels:"] + [f"    {n}: {ref}" for n, ref in wheels.items()] if wheels else []
     text = "\n".join(lines) + "\n"
-    tmp = out.with_name(f".{out.name}.bump")
-    tmp.write_text(text, encoding="utf-8")
-    try:
-        load_stack(str(tmp))
-    finally:
-        tmp.unlink(missing_ok=True)
-    atomic_write(out, text)
+    _write_checked(out, text)
     return {"stack": str(out), "rocm.version": version, "rocm.tarball.sha256": sha, "rocm.hip_version": hip,
             "rccl.commit": commit, **torch}
