@@ -20,7 +20,8 @@ from pathlib import Path
 
 VERSION = "0.3.36"
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion")  # llama-cli: the image test
+TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion",
+           "llama-mtmd-cli")  # a vision export answers an image prompt (test_vision_export.py); llama-cli: the image test
 CACHE = Path(os.environ.get("TOOLBOX_TEST_CACHE", Path.home() / ".cache" / "toolbox-tests"))
 ROOT = CACHE / f"llama.cpp-{VERSION}"
 VENDOR = "vendor/llama.cpp/"
@@ -76,15 +77,20 @@ def ensure_source() -> Path:
     return src
 
 
+def _complete(tools: Path) -> bool:
+    """Built, with every program of TARGETS (a cache from before a target was added is built again)."""
+    return (tools / "VERSION").is_file() and all((tools / "bin" / t).is_file() for t in TARGETS)
+
+
 def ensure_tools() -> Path:
     """The tools folder (built on first use; later calls return at once)."""
     tools = ROOT / "tools"
-    if (tools / "VERSION").is_file():
+    if _complete(tools):
         return tools
     src = ensure_source()
     with open(ROOT / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sessions wait for one build
-        if (tools / "VERSION").is_file():
+        if _complete(tools):
             return tools
         t0 = time.time()
         env = dict(os.environ, CCACHE_DIR=str(CACHE / "ccache"), CCACHE_BASEDIR=str(ROOT))
@@ -107,6 +113,7 @@ def ensure_tools() -> Path:
         for k in KEEP:
             (shutil.copytree if (src / k).is_dir() else shutil.copy2)(src / k, tmp / k)
         (tmp / "VERSION").write_text(f"llama-cpp-python {VERSION} sdist (sha256 {SHA256})\n")
+        shutil.rmtree(tools, ignore_errors=True)  # an older build, without a target added since
         os.replace(tmp, tools)
         _log(f"built in {time.time() - t0:.0f} s")
     return tools

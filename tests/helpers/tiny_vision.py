@@ -62,12 +62,18 @@ def require_torchvision() -> None:
     pytest.skip(msg)
 
 
+def _ids(tok, markers) -> dict[str, int]:
+    """The image markers' ids, and pad/bos/eos under the tiny tokenizer's names whatever the vocabulary calls them."""
+    ids = {t: tok.convert_tokens_to_ids(t) for t in markers}
+    return {**ids, "<pad>": tok.pad_token_id, "<s>": tok.bos_token_id, "</s>": tok.eos_token_id}
+
+
 def _gemma3(dir: Path):
     import transformers as tf
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
     tok = tf.AutoTokenizer.from_pretrained(dir, extra_special_tokens=GEMMA_TOKENS)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<pad>", "<s>", "</s>", "<boi>", "<eoi>", "<image>")}
+    ids = _ids(tok, ("<boi>", "<eoi>", "<image>"))
     text = tf.Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
                                sliding_window=32, query_pre_attn_scalar=8, pad_token_id=ids["<pad>"],
@@ -83,17 +89,18 @@ def _gemma3(dir: Path):
     return cfg, tf.Gemma3ForConditionalGeneration, proc
 
 
-def _qwen25vl(dir: Path):
+def _qwen25vl(dir: Path, depth: int = 1):
     import transformers as tf
 
     tok = tf.AutoTokenizer.from_pretrained(dir, extra_special_tokens=QWEN_TOKENS)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ["<pad>", "<s>", "</s>", *QWEN_TOKENS]}
+    ids = _ids(tok, QWEN_TOKENS)
     text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=256, pad_token_id=ids["<pad>"],
                 bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0])
+    vision = dict(depth=depth, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                  fullatt_block_indexes=[0] if depth == 1 else list(range(1, depth, 2)))  # windowed blocks between
     cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                               video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                               vision_end_token_id=ids["<|vision_end|>"])
@@ -110,17 +117,17 @@ def _qwen25vl(dir: Path):
     return cfg, tf.Qwen2_5_VLForConditionalGeneration, proc
 
 
-def _qwen3vl(dir: Path):
+def _qwen3vl(dir: Path, depth: int = 1):
     import transformers as tf
 
     tok = tf.AutoTokenizer.from_pretrained(dir, extra_special_tokens=QWEN_TOKENS)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ["<pad>", "<s>", "</s>", *QWEN_TOKENS]}
+    ids = _ids(tok, QWEN_TOKENS)
     text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=8, max_position_embeddings=256, pad_token_id=ids["<pad>"],
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2],
                                  "mrope_interleaved": True})
     # deepstack: the one block's features also fed into the first language layers
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
+    vision = dict(depth=depth, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
     cfg = tf.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                            video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
@@ -137,14 +144,23 @@ def _qwen3vl(dir: Path):
     return cfg, tf.Qwen3VLForConditionalGeneration, proc
 
 
-def make_tiny_vlm(dir: str | Path, family: str = "gemma3", seed: int = 0) -> Path:
+def make_tiny_vlm(dir: str | Path, family: str = "gemma3", seed: int = 0, tokenizer: Path | None = None,
+                  depth: int = 1) -> Path:
     """A random-init tiny VLM of `family` with its processor, saved in `dir` (Qwen2.5-VL's processor only
-    where torchvision imports: has_torchvision)."""
+    where torchvision imports: has_torchvision); on the tiny tokenizer, or a copy of the one in `tokenizer`
+    (a real vocabulary: llama.cpp's converter recognises only those). `depth`: Qwen-VL's vision blocks (llama.cpp's
+    converter maps the merger's `mlp.2` by block number: it needs 3)."""
+    import shutil
+
     import torch
 
     dir = Path(dir)
-    make_tokenizer(dir)
-    cfg, cls, proc = {"gemma3": _gemma3, "qwen2.5-vl": _qwen25vl, "qwen3-vl": _qwen3vl}[family](dir)
+    if tokenizer is None:
+        make_tokenizer(dir)
+    else:
+        shutil.copytree(tokenizer, dir, dirs_exist_ok=True)
+    build = {"gemma3": _gemma3, "qwen2.5-vl": _qwen25vl, "qwen3-vl": _qwen3vl}[family]
+    cfg, cls, proc = build(dir) if family == "gemma3" else build(dir, depth)
     torch.manual_seed(seed)
     model = cls(cfg).to(torch.float32)
     if family == "gemma3":

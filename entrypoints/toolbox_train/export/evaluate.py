@@ -168,9 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "model, side by side.")
     ap.add_argument("--run", required=True, help="the finetune output folder")
     ap.add_argument("--data", help="held-out text: .txt, or a dataset file like finetune's (default: the run's eval split)")
-    ap.add_argument("--runtime", choices=["llama", "hf"], default="llama",
+    ap.add_argument("--runtime", choices=["llama", "hf"], default=None,
                     help="what computes the perplexity: llama: llama.cpp's llama-perplexity on GGUF in a separate "
-                    "process (default); hf: transformers, in-process")
+                    "process (default); hf: transformers, in-process (the default and only one for a vision run: "
+                    "its answers on held-out image rows)")
     renamed(ap, "--backend", "--runtime")  # `backend` is finetune's HF/Unsloth
     ap.add_argument("--quant", default="f16", help="GGUF type evaluated with --runtime llama (default f16)")
     ap.add_argument("--ctx", type=int, default=512, help="tokens per chunk (lowered to fit short text)")
@@ -184,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(args):
     rm = find_finished(Path(args.run))
+    if rm.vision:  # image rows: scored in-process (llama-perplexity reads text only)
+        if args.runtime == "llama":
+            raise UserError("--runtime llama: llama-perplexity scores text only; a vision run's held-out image rows "
+                            "are scored with --runtime hf (its default)")
+        if args.prompts is not None:
+            raise UserError("--prompts: text prompts for a text model; a vision run is scored on held-out image rows "
+                            "(--data FILE of messages + images)")
+    args.runtime = args.runtime or ("hf" if rm.vision else "llama")
     if args.runtime == "llama":
         quant = llamacpp.parse_quants(args.quant)
         if len(quant) != 1:
@@ -233,6 +242,8 @@ def run(argv: list[str]) -> dict:
 
     args = build_parser().parse_args(argv)
     rm, tools, prompts = check(args)
+    if rm.vision:
+        return _vision(rm, args)
     with loading(f"--run {rm.run}: the tokenizer"):
         tok = AutoTokenizer.from_pretrained(rm.run)
     text = "\n\n".join(load_texts(rm, args.data, tok))
@@ -290,7 +301,26 @@ def run(argv: list[str]) -> dict:
     return result
 
 
+def _vision(rm: RunModel, args) -> dict:
+    from toolbox_train.export import vision_eval
+
+    say("answer perplexity of the base and the fine-tuned model on held-out image rows (transformers)")
+    result = {"run": str(rm.run), "runtime": "hf", "score": "answer perplexity on image rows",
+              "data": args.data or "the run's eval split", **vision_eval.evaluate(rm, args.data)}
+    b, f = result["base"]["ppl"], result["finetuned"]["ppl"]
+    result["difference"], result["difference_pct"] = f - b, 100.0 * (f - b) / b
+    atomic_write(args.out, json.dumps(result, indent=2) + "\n")
+    result["written"] = str(args.out)
+    return result
+
+
 def report(r: dict) -> str:
+    if "score" in r:  # a vision run
+        return "\n".join([
+            f"{r['score']} ({r['base']['rows']} rows, {r['base']['scored_tokens']} answer tokens of {r['data']})",
+            f"  {'base':>12} {'fine-tuned':>12} {'difference':>18}",
+            f"  {r['base']['ppl']:12.4f} {r['finetuned']['ppl']:12.4f} "
+            f"{r['difference']:+11.4f} ({r['difference_pct']:+.1f}%)", f"written: {r['written']}"])
     lines = [f"perplexity ({r['runtime']}{', ' + r['quant'] if 'quant' in r else ''}; ctx {r['ctx']}, "
              f"{r['base']['scored_tokens']} scored tokens of {r['data']})",
              f"  {'base':>12} {'fine-tuned':>12} {'difference':>18}",

@@ -203,12 +203,36 @@ def _shown(folder: Path) -> Path:
     return folder
 
 
-def convert(tools: Tools, model_dir: Path, outfile: Path, outtype: str) -> None:
+def _converter_env() -> dict:
     env = dict(os.environ)
     env.pop("NO_LOCAL_GGUF", None)  # the converter must use the gguf-py of its own tree
-    run_tool([sys.executable, tools.converter, model_dir, "--outfile", outfile, "--outtype", outtype],
-             f"convert_hf_to_gguf.py ({outtype})", env=env, log=tools.log(f"convert-{outtype}"),
-             writes=_shown(Path(outfile).parent))
+    return env
+
+
+def convert(tools: Tools, model_dir: Path, outfile: Path, outtype: str, mmproj: bool = False) -> None:
+    """The HF folder as one GGUF of `outtype`; `mmproj`: its vision projector (tower + projector) instead."""
+    step = f"convert-{'mmproj-' if mmproj else ''}{outtype}"
+    run_tool([sys.executable, tools.converter, model_dir, "--outfile", outfile, "--outtype", outtype,
+              *(["--mmproj"] if mmproj else [])],
+             f"convert_hf_to_gguf.py ({'--mmproj ' if mmproj else ''}{outtype})", env=_converter_env(),
+             log=tools.log(step), writes=_shown(Path(outfile).parent))
+
+
+def projector_architectures(tools: Tools) -> set[str]:
+    """The HF architectures whose vision projector this llama.cpp's converter writes (`--mmproj`): the
+    converter's own list (`--print-supported-models`, its "MMPROJ models:" part), not a table of ours."""
+    out, err = run_tool([sys.executable, tools.converter, "--print-supported-models"],
+                        "convert_hf_to_gguf.py --print-supported-models", capture=True, env=_converter_env())
+    lines = (out + "\n" + err).splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.strip() == "MMPROJ models:"), None)
+    if start is None:
+        return set()
+    found = set()
+    for ln in lines[start + 1:]:
+        if not ln.strip().startswith("- "):
+            break
+        found.add(ln.strip()[2:].strip())
+    return found
 
 
 def quantize(tools: Tools, src: Path, dst: Path, qtype: str, threads: int | None = None) -> None:

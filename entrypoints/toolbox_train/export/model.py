@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolbox_train.export import card, llamacpp
+from toolbox_train.export import card, llamacpp, projector
 from toolbox_train.contract import ToolError, UserError, command_parser, run_command
 from toolbox_train.guards import check_path
 from toolbox_train.runs.folder import RunModel, find_finished, human_size, loading
@@ -48,6 +48,7 @@ class Job:
     overwrite: bool
     tools: llamacpp.Tools | None
     estimate: int = 0
+    projector: bool = False  # gguf: the vision projector too (mmproj-<type>.gguf)
     notes: list[str] = field(default_factory=list)
 
 
@@ -113,6 +114,14 @@ def check(args) -> Job:
         raise UserError(f"--out {out}: too little disk: the export needs about {human_size(job.estimate)}, "
                         f"{human_size(free)} free there")
     job.notes += rm.export_notes(to)
+    if tools is not None and (rm.vision or rm.multimodal):
+        arch = rm.architecture()
+        job.projector = arch in llamacpp.projector_architectures(tools)
+        job.notes.append(
+            f"GGUF: the language model and its vision projector (mmproj-{conversion_type(quants)}.gguf, not quantized; "
+            "llama-mtmd-cli and llama-server take it with --mmproj)" if job.projector else
+            f"GGUF: llama.cpp {tools.version()}'s converter writes no vision projector for {arch}: the GGUF holds "
+            "the language model only (images need the merged export)")
     return job
 
 
@@ -122,29 +131,32 @@ def check(args) -> Job:
 def merge(rm: RunModel, dest: Path, dtype: str) -> None:
     """Write the 16-bit (or fp32) model with tokenizer and chat template into `dest`."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import transformers
 
+    # An image-text model (a vision run, or a multimodal checkpoint trained on text) keeps its tower.
+    auto = transformers.AutoModelForImageTextToText if rm.vision or rm.multimodal else transformers.AutoModelForCausalLM
     td = getattr(torch, DTYPES[dtype])
     t0 = time.perf_counter()
     if rm.kind == "full":
         say(f"loading {rm.run} ({dtype})")
         with loading(f"--run {rm.run}: the model"):
-            model = AutoModelForCausalLM.from_pretrained(rm.run, dtype=td)
+            model = auto.from_pretrained(rm.run, dtype=td)
     else:
         from peft import PeftModel
 
         # The base in 16 bits (or fp32) from its own weights, never the 4-bit copy QLoRA trained on.
         say(f"loading base {rm.base} ({dtype}) and adapter {rm.run}")
         with loading(f"base model {rm.base}"):
-            base = AutoModelForCausalLM.from_pretrained(rm.base, dtype=td, quantization_config=None)
+            base = auto.from_pretrained(rm.base, dtype=td, quantization_config=None)
         with loading(f"--run {rm.run}: the adapter"):
             model = PeftModel.from_pretrained(base, str(rm.run)).merge_and_unload()
     model = model.to(td)
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config  # a merged export is plain weights
     model.save_pretrained(dest, safe_serialization=True)
-    with loading(f"--run {rm.run}: the tokenizer"):
-        tok = AutoTokenizer.from_pretrained(rm.run)
+    # A vision run saved its processor (tokenizer, image processor, chat template): the export carries it.
+    with loading(f"--run {rm.run}: the {'processor' if rm.vision else 'tokenizer'}"):
+        tok = (transformers.AutoProcessor if rm.vision else transformers.AutoTokenizer).from_pretrained(rm.run)
     tok.save_pretrained(dest)
     say(f"merged in {time.perf_counter() - t0:.1f} s")
 
@@ -174,6 +186,13 @@ def do_gguf(job: Job, tmp: Path, manifest: list[dict]) -> None:
     llamacpp.convert(job.tools, src, conv_file, conv)
     if conv in job.quants:
         _wrote(conv_file, manifest)
+    if job.projector:
+        say(f"step 2b: the vision projector ({conv}) with --mmproj (its output: {job.tools.log(f'convert-mmproj-{conv}')})")
+        vsrc = projector.source(src, tmp / ".mmproj-source")
+        llamacpp.convert(job.tools, vsrc, tmp / f"mmproj-{conv}.gguf", conv, mmproj=True)
+        if vsrc != src:
+            shutil.rmtree(vsrc)
+        _wrote(tmp / f"mmproj-{conv}.gguf", manifest)
     rest = [q for q in job.quants if q != conv]
     for i, q in enumerate(rest, 1):
         say(f"step 3.{i}/{len(rest)}: llama-quantize {conv} -> {q}")
@@ -190,7 +209,8 @@ def do_gguf(job: Job, tmp: Path, manifest: list[dict]) -> None:
         (tmp / "Modelfile").write_text(
             "# Written by `toolbox export`; `ollama create NAME -f Modelfile` in this folder.\n"
             "# Ollama reads the chat template from the GGUF's tokenizer.chat_template.\n"
-            f"FROM ./{target.name}\n")
+            + (f"# The vision projector is mmproj-{conv}.gguf beside it (llama.cpp: --mmproj).\n" if job.projector else "")
+            + f"FROM ./{target.name}\n")
         _wrote(tmp / "Modelfile", manifest)
 
 

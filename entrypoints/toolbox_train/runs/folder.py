@@ -80,16 +80,27 @@ class RunModel:
             return f"{self.run} ({self.model_type}, {self.method} fine-tune)"
         return f"{self.run} ({self.model_type}, {self.method} adapter on {self.base})"
 
+    @property
+    def vision(self) -> bool:
+        """Trained on image rows (finetune's resolved data format): an image-text model with a processor."""
+        return (self.resolved.get("_resolved") or {}).get("data_format") == "vision"
+
+    def architecture(self) -> str:
+        cfg = json_object(self.weights_folder() / "config.json")
+        archs = cfg.get("architectures") or ["?"]
+        return str(archs[0])
+
     def export_notes(self, to: str) -> list[str]:
         notes = []
         if self.method == "qlora":
             notes.append("QLoRA: the adapter is merged into the base's 16-bit weights (loaded unquantized), "
                          "never into 4-bit weights")
-        if self.multimodal:
-            notes.append("Gemma 3 multimodal wrapper: the merged export holds the whole model (vision tower and "
-                         "projector unchanged by text fine-tuning)" + (
-                             "; the GGUF holds the language model only (for images make the projector with "
-                             "convert_hf_to_gguf.py --mmproj on a merged export)" if to == "gguf" else ""))
+        if self.vision:
+            notes.append("vision-language run: the merged model is an image-text model (AutoModelForImageTextToText) "
+                         "saved with its processor")
+        elif self.multimodal:
+            notes.append("multimodal checkpoint trained on text: the merged export holds the whole model (vision "
+                         "tower and projector unchanged by text fine-tuning)")
         if self.model_type == "gpt_oss":
             notes.append("GPT-OSS: experts are exported de-quantized (16-bit), not in the original MXFP4"
                          + ("; --quant mxfp4_moe re-quantizes them for llama.cpp" if to == "gguf" else ""))

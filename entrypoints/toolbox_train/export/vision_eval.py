@@ -1,0 +1,93 @@
+"""`evaluate` on a vision-language run: the base and the fine-tuned image-text model scored on held-out
+image rows, in-process (transformers): llama-perplexity reads text only.
+
+The score is the answers' perplexity: exp of the mean negative log-likelihood of the tokens finetune
+trains on (training/vision.py's labels: the assistant turns, never the prompt or the image tokens), each
+row run through the processor with its images, as in training.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from toolbox_train.contract import UserError
+from toolbox_train.runs.folder import RunModel, loading, resolved_config
+
+FORMATS = ("vision", "messages")  # image rows; conversations without images score on the language half
+
+
+def rows(rm: RunModel, data: str | None) -> list[dict]:
+    """The held-out rows (the run's eval split, or --data's file read and checked as finetune reads it)."""
+    from toolbox_train.data.dataset import load_datasets, load_raw
+
+    if data is None:
+        cfg = resolved_config(rm.run, rm.resolved)
+        if not cfg.data.has_eval():
+            raise UserError(f"--run {rm.run}: the run had no eval split (data.eval_path / data.eval_split); "
+                            "pass --data FILE")
+        _, ds, _ = load_datasets(cfg, Path(rm.resolved.get("_base", "/")))
+    else:
+        if Path(data).suffix.lower() == ".txt":
+            raise UserError(f"--data {data}: plain text; a vision run is scored on image rows (messages + images)")
+        ds, fmt, _ = load_raw(str(Path(data).resolve()), "train", Path.cwd(), "--data", "auto", "text")
+        if fmt not in FORMATS:
+            raise UserError(f"--data {data}: {fmt} rows; a vision run is scored on image rows (messages + images)")
+    out = [{"messages": r["messages"], "images": r.get("images") or []} for r in ds]
+    if not out:
+        raise UserError(f"--data {data or 'the eval split'}: no rows")
+    return out
+
+
+def _model(path: str, adapter: Path | None = None):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    with loading(f"{path}: the model"):
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        with loading(f"--run {adapter}: the adapter"):
+            model = PeftModel.from_pretrained(model, str(adapter))
+    return model.eval()
+
+
+def answer_perplexity(model, collator, examples: list[dict], batch: int = 4) -> dict:
+    import torch
+
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(examples), batch):
+            b = collator(examples[i:i + batch])
+            labels = b.pop("labels")
+            logits = model(**b).logits[:, :-1].float()
+            target = labels[:, 1:]
+            keep = target != -100
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, target.clamp(min=0)[..., None])[..., 0]
+            nll -= lp[keep].sum().item()
+            count += int(keep.sum())
+    if count == 0:
+        raise UserError("held-out image rows: no answer tokens to score (every row's answer was cut or empty)")
+    return {"ppl": math.exp(nll / count), "scored_tokens": count, "rows": len(examples)}
+
+
+def evaluate(rm: RunModel, data: str | None) -> dict:
+    """{"base": {...}, "finetuned": {...}} of answer perplexity on the held-out image rows."""
+    from toolbox_train.models.vision import budget, load_processor
+    from toolbox_train.training.vision import VisionCollator
+
+    examples = rows(rm, data)
+    cfg = resolved_config(rm.run, rm.resolved)
+    with loading(f"--run {rm.run}: the processor"):
+        proc = load_processor(str(rm.run), **budget(cfg))  # the resolution the run trained at
+    collator = VisionCollator(proc, cfg.data.max_seq_length, "responses")
+    base = rm.resolved["model"]["path"]
+    result = {}
+    for which in ("base", "finetuned"):
+        model = _model(base) if which == "base" else (
+            _model(rm.base, rm.run) if rm.kind == "adapter" else _model(str(rm.run)))
+        result[which] = {**answer_perplexity(model, collator, examples),
+                         "model": base if which == "base" else str(rm.run)}
+        del model
+    return result
