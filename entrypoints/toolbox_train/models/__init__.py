@@ -2,6 +2,7 @@
 targets, and the memory arithmetic from config.json alone.
 
   arithmetic   peak device memory of a training setting (no torch)
+  tower        a vision-language model's tower and projector in that arithmetic
   weights      cheap integrity checks of weight and checkpoint files
   lora         the PEFT LoRA config (which modules get adapters), adapter checks
 """

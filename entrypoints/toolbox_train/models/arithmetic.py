@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from toolbox_train.models.tower import Tower, tower as vision_tower
+
 GiB = 2**30
 
 # Calibrated on one H200 (docs/benchmarks.md): how many layers' working sets are alive at the
@@ -98,7 +100,8 @@ class Shape:
     experts: int = 0  # MoE: experts per layer (0: dense MLP)
     experts_per_token: int = 0
     max_position: int | None = None
-    extra_params: int = 0  # frozen parts outside the text decoder (a vision tower)
+    extra_params: int = 0  # parts outside the text decoder (a vision tower and its projector), frozen unless trained
+    tower: Tower | None = None  # the vision tower and projector of a vision-language model (models/tower.py)
     sliding_window: int = 0
     name: str = ""
 
@@ -124,6 +127,7 @@ class Shape:
             experts=experts, experts_per_token=text.get("num_experts_per_tok") or text.get("experts_per_token") or 0,
             max_position=text.get("max_position_embeddings"),
             extra_params=vision_params(vision, h) if vision else 0,
+            tower=vision_tower(vision, h) if vision else None,
             sliding_window=text.get("sliding_window") or 0, name=name,
         )
 
@@ -172,18 +176,9 @@ class Shape:
 
 
 def vision_params(v: Mapping[str, Any], text_hidden: int) -> int:
-    """A ViT/SigLIP tower plus the projector into the text model (frozen for text fine-tuning). Qwen-VL's tower
-    (its blocks counted as `depth`) has a gated MLP and a patch merger (2x2 patches -> an MLP into the text model)."""
-    h, i = v.get("hidden_size", 0), v.get("intermediate_size", 0)
-    patch, img = v.get("patch_size", 14), v.get("image_size", 224)
-    if v.get("depth"):
-        m = h * v.get("spatial_merge_size", 2) ** 2
-        per_layer = 4 * h * h + 4 * h + 3 * h * i + 3 * i + h + 4 * h
-        return (v["depth"] * per_layer + 3 * v.get("temporal_patch_size", 2) * patch * patch * h
-                + m * m + m + m * v.get("out_hidden_size", text_hidden) + 2 * h)
-    L = v.get("num_hidden_layers", 0)
-    per_layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h
-    return L * per_layer + 3 * patch * patch * h + (img // patch) ** 2 * h + h * text_hidden + 2 * h
+    """A vision tower plus the projector into the text model (models/tower.py)."""
+    t = vision_tower(v, text_hidden)
+    return t.params + t.projector
 
 
 @dataclass
@@ -206,6 +201,8 @@ class Setting:
     lora_params: int | None = None  # the adapter's size as PEFT built it; None: Shape.lora_params's count
     sampler_kv: float = 0.0  # GRPO: bytes of the sampler's KV cache (planning/generation.py kv_cache_bytes)
     sampler_kv_resident: bool = False  # a static cache under compiled decoding: counted through the whole step
+    vision_train: tuple[str, ...] = ()  # a vision-language model's vision.train (language, vision, projector)
+    patches_per_row: int = 0  # patches a row's images give the tower (where it trains): one image a row, planned
 
     @property
     def kernels(self) -> str:
@@ -301,8 +298,11 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     if st.reference_copy:  # frozen, in the training precision; FSDP shards it like the model
         parts["reference_model"] = n * e / (world if st.strategy == "fsdp" else 1)
     # -- trainable parameters: grads, optimizer states, optimizer step temporaries
+    frozen = s.extra_params  # the tower and projector, unless vision.train names them
+    if s.tower is not None:
+        frozen -= s.tower.params * ("vision" in st.vision_train) + s.tower.projector * ("projector" in st.vision_train)
     if st.method == "full":
-        trainable, tb = n - s.extra_params, e
+        trainable, tb = n - frozen, e
     else:
         trainable = st.lora_params if st.lora_params is not None else s.lora_params(st.lora_r, st.lora_targets)
         # PEFT upcasts adapters to fp32 (bf16 base); TRL keeps QLoRA adapters in bf16
@@ -342,6 +342,9 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     host = 0.0
     # sliding-window layers under HF's sdpa get an explicit bf16 mask [b, 1, s, s], kept once for all
     kept = int8 + (st.batch * st.seq * st.seq * 2 if s.sliding_window and k != "unsloth" else 0)
+    # A training tower keeps its blocks' working sets for backward (a frozen one runs without a graph).
+    tower = s.tower.activation_bytes(st.patches_per_row * st.batch, e, st.gc != "off") \
+        if s.tower is not None and "vision" in st.vision_train else 0
     if st.gc == "off":
         saved = s.layers * lb + kept
         tail = CAL["bwd_layers"][k] * lb + kept
@@ -352,6 +355,7 @@ def estimate(s: Shape, st: Setting) -> Estimate:
         saved = CAL["unsloth_offload_layers"] * lb + boundary
         tail = saved
         host = s.layers * boundary
+    saved, tail = saved + tower, tail + tower  # the tower's backward comes last: kept through the whole of it
     head = head_bytes(s, st, tokens, trainable_head=st.method == "full")
     emb = 2 * s.hidden * e * tokens  # embedding output and final norm
     fwd_end = saved + head + emb
@@ -366,6 +370,8 @@ def estimate(s: Shape, st: Setting) -> Estimate:
         phases["generation"] = st.sampler_kv
     where = max(phases, key=phases.get)
     parts["activations_peak"] = fwd_end
+    if tower:
+        parts["vision_tower_activations"] = tower
     parts["grads"] = grads
     parts["step_temp"] = temp
     parts["overhead"] = CAL["overhead_gib"] * GiB

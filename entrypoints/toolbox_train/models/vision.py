@@ -16,10 +16,10 @@ PROJECTOR_PATHS = r"multi_modal_projector|visual\.merger|connector|mm_projector"
 VISION_PATHS = r"vision_tower|visual|vision_model"
 PROJECTOR = re.compile(rf"(^|\.)({PROJECTOR_PATHS})(\.|$)")
 VISION = re.compile(rf"(^|\.)({VISION_PATHS})(\.|$)")
-# all-linear in the vision tower: SigLIP's attention and MLP (q/k/v/out_proj, fc1, fc2), Qwen-VL's (qkv, proj,
-# gate/up/down_proj).
+# all-linear in the vision tower: SigLIP's attention and MLP (q/k/v/out_proj, fc1, fc2), Qwen2.5-VL's (qkv, proj,
+# gate/up/down_proj), Qwen3-VL's (qkv, proj, linear_fc1/2).
 VISION_LINEAR = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2", "qkv", "proj", "gate_proj", "up_proj",
-                 "down_proj")
+                 "down_proj", "linear_fc1", "linear_fc2")
 
 
 def part_of(name: str) -> str:
@@ -160,6 +160,14 @@ def _processor_json(folder: str) -> dict:
     return {}
 
 
+def _pixel_range(folder: str, want: dict | None) -> tuple[int, int]:
+    """Qwen-VL's image processor's (min_pixels, max_pixels): `want` (vision.min/max_pixels), else its settings."""
+    ip = {**_processor_json(folder), **(want or {})}
+    size = ip.get("size") if isinstance(ip.get("size"), dict) else {}
+    return (ip.get("min_pixels") or size.get("shortest_edge") or 56 * 56,
+            ip.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
+
+
 def tokens_per_image(mc, folder: str, want: dict | None = None) -> str | None:
     """How many tokens an image becomes, from the config and the processor's settings (`want`: vision.min_pixels /
     max_pixels where set), or None: unknown."""
@@ -169,14 +177,23 @@ def tokens_per_image(mc, folder: str, want: dict | None = None) -> str | None:
         return f"{mc.mm_tokens_per_image} tokens per image" + (f" ({size}x{size} pixels)" if size else "")
     merge, patch = getattr(v, "spatial_merge_size", None), getattr(v, "patch_size", None)
     if merge and patch:  # Qwen-VL: by resolution, between the processor's min and max pixels
-        ip = {**_processor_json(folder), **(want or {})}
-        size = ip.get("size") if isinstance(ip.get("size"), dict) else {}
-        lo = ip.get("min_pixels") or size.get("shortest_edge") or 56 * 56
-        hi = ip.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280
+        lo, hi = _pixel_range(folder, want)
         per = (patch * merge) ** 2
         return (f"{max(1, lo // per)}-{hi // per} tokens per image by its resolution (min_pixels {lo:,}, "
                 f"max_pixels {hi:,}: {per} pixels a token)")
     return None
+
+
+def patches_per_image(mc, folder: str, want: dict | None = None) -> int:
+    """The patches an image gives the tower, at most (Qwen-VL: at max_pixels, before the merger), or 0: unknown."""
+    v = getattr(mc, "vision_config", None)
+    patch = getattr(v, "patch_size", None)
+    if not patch:
+        return 0
+    if getattr(v, "spatial_merge_size", None):
+        return _pixel_range(folder, want)[1] // patch ** 2
+    size = getattr(v, "image_size", None)
+    return (size // patch) ** 2 if size else 0
 
 
 def plan_note(cfg, mc, folder: str, tower_params: int) -> str:
@@ -184,7 +201,10 @@ def plan_note(cfg, mc, folder: str, tower_params: int) -> str:
     tokens = tokens_per_image(mc, folder, budget(cfg)) or "tokens per image unknown for this family"
     trains = ", ".join(cfg.vision.train)
     frozen = "vision" not in cfg.vision.train and "projector" not in cfg.vision.train
+    patches = patches_per_image(mc, folder, budget(cfg))
+    counted = (" (vision.train trains them: their gradients and optimizer state counted" + (
+        f", and the tower's activations at {patches:,} patches an image, one image a row" if "vision" in
+        cfg.vision.train else "") + ")")
     return (f"vision-language model ({mc.model_type}): image rows give {tokens}, inside data.max_seq_length; "
-            f"vision tower and projector {tower_params:,} parameters, counted as frozen weights"
-            + ("" if frozen else " (vision.train trains them: their gradients, optimizer state and the tower's "
-               "activations are not counted yet)") + f"; vision.train: {trains}")
+            f"vision tower and projector {tower_params:,} parameters, counted as "
+            + ("frozen weights" if frozen else "weights" + counted) + f"; vision.train: {trains}")

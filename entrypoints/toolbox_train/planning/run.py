@@ -26,7 +26,7 @@ from toolbox_train.config.schema import TrainConfig, load_located
 from toolbox_train.config.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 from toolbox_train.contract import UserError
 from toolbox_train.objectives.unit import REFERENCE_TEXT, Objective
-from toolbox_train.models.vision import plan_note as vision_note
+from toolbox_train.models.vision import budget as vision_budget, patches_per_image, plan_note as vision_note
 from toolbox_train.planning import heads, strix
 from toolbox_train.planning.inputs import (gpu_available, is_multimodal, load_model_config, model_files_problem,
                                            output_problem, resolve_model, text_config, trl_problem)
@@ -328,7 +328,9 @@ def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, prob
         unified = unified or probe and memory.unified_memory(Dist.from_env().local_rank)
         tp = memory.plan_training(run.cfg, run.model_config, run.backend, run.liger, run.world_size, fsdp,
                                    run.precision, dev, gpu=run.gpu, unified=unified, lora_params=run.lora_params,
-                                   unit=run.objective, reference=run.reference, seq=run.seq_tokens)
+                                   unit=run.objective, reference=run.reference, seq=run.seq_tokens,
+                                   patches_per_image=patches_per_image(run.model_config, run.model_path,
+                                                                       vision_budget(run.cfg)) if run.multimodal else 0)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
         gc = True if t.gradient_checkpointing == "auto" else t.gradient_checkpointing
         notes = [f"memory plan: not available for this model's config ({exc!r}); checkpointing {gc}"]
