@@ -193,6 +193,7 @@ def shim_bin(tmp_path: Path) -> Path:
 def test_runnable_examples_run(fence, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
+    (work / "examples").symlink_to(ROOT / "examples")  # the examples run as from a checkout (`examples/...`)
     tmp = tmp_path / "tmp"  # where dry runs leave their context: removed with tmp_path
     tmp.mkdir()
     env = {**os.environ, "PATH": f"{shim_bin(tmp_path)}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp),
