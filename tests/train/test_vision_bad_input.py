@@ -211,3 +211,50 @@ def test_the_budget_reaches_a_qwen_processor(tiny_vlms):
         if want:
             plan = tokens_per_image(AutoConfig.from_pretrained(model), str(model), want)
             assert plan.split(" tokens per image")[0].endswith(f"-{tokens}")
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen2.5-vl"])
+def test_max_seq_length_cutting_image_tokens_refused_before_loading(rows, tiny_vlms, capsys, family):
+    """A row whose image tokens data.max_seq_length would cut (the model fails on such a batch) is named before
+    the model loads; a row whose text alone is cut after its image trains (that cut is TRL's, as for text).
+    Qwen's images give tokens by their size: a large image in row 2 only."""
+    from PIL import Image
+
+    tmp_path, rs = rows
+    model = tiny_vlms(family)
+    Image.new("RGB", (28 * 6, 28 * 6), (200, 10, 10)).save(tmp_path / "images" / "big.png")
+    if family == "qwen2.5-vl":  # the tiny processor's 28x28 budget raised so the big image gives 36 tokens
+        over = {"vision.max_pixels": 28 * 28 * 36, "vision.min_pixels": 28 * 28}
+        rs[1]["images"] = ["images/big.png"]
+    else:
+        over = {}
+    data = _write(tmp_path / "train.jsonl", rs)
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(model, **({"max_pixels": 28 * 28 * 36, "min_pixels": 28 * 28}
+                                                   if over else {}))
+    from toolbox_train.data.images import load_image
+    from toolbox_train.models.vision import image_token_ids
+
+    def last_image_token(r):
+        text = proc.apply_chat_template(r["messages"], tokenize=False)
+        ids = proc(text=[text], images=[[load_image(str(tmp_path / p)) for p in r["images"]]],
+                   add_special_tokens=False)["input_ids"][0]
+        return max(j for j, t in enumerate(ids) if t in image_token_ids(proc)) + 1
+
+    ends = [last_image_token(r) for r in rs]
+    cut = max(ends) - 1  # cuts into the row with the latest image tokens, not into the others
+    err = _refused(tmp_path, capsys, model, data, f"data.max_seq_length {cut} cuts into the row's image tokens",
+                   **{"data.max_seq_length": cut, **over})
+    worst = ends.index(max(ends)) + 1
+    assert f"{data}:{worst}: " in err and f"its last image token at {max(ends)}" in err, err
+    if family == "qwen2.5-vl":
+        assert worst == 2 and max(ends) > sorted(ends)[-2]
+    # just past the last image the rows' answers are cut whole: nothing to learn (a NaN loss), named too
+    err = _refused(tmp_path, capsys, model, data, f"data.max_seq_length {max(ends)} leaves none of the row's answer",
+                   **{"data.max_seq_length": max(ends), **over})
+    assert f"{data}:{worst}: " in err
+    # with every answer's first tokens inside, the rows pass the check and train (the cut is TRL's, as for text)
+    cfg = write_train_config(tmp_path / "ok.yaml", model, data, tmp_path / "out", **{
+        "data.max_seq_length": max(ends) + 64, "train.max_steps": 1, **over})
+    assert finetune.main(["--config", str(cfg)]) == 0, capsys.readouterr().err

@@ -173,6 +173,15 @@ def load_image(src: str):
         return im.convert("RGB")
 
 
+def image_size(src: str) -> tuple[int, int]:
+    """A kept image's (width, height), from its header (nothing decoded)."""
+    from PIL import Image
+
+    data = io.BytesIO(base64.b64decode(src[len(EMBEDDED):])) if src.startswith(EMBEDDED) else src
+    with Image.open(data) as im:
+        return im.size
+
+
 def refuse_text_model(model_path: str, field: str) -> None:
     raise UserError(f"{field}: image rows (an 'images' column) need a vision-language model; {model_path} has no "
                     "vision_config (a text-only model): use an image-text-to-text checkpoint, or text rows")

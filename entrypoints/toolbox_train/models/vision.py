@@ -114,11 +114,82 @@ def marker_count(proc, text: str) -> int:
     return text.count(mark) if isinstance(mark, str) and mark else -1
 
 
-def row_problems(proc, rows, locate) -> list[tuple[str, str]]:
+# The processor / tokenizer attributes naming the tokens an image becomes (never a label).
+IMAGE_TOKEN_ATTRS = ("image_token", "boi_token", "eoi_token", "vision_start_token", "vision_end_token",
+                     "video_token")
+
+
+def image_token_ids(proc) -> set[int]:
+    tok = proc.tokenizer
+    ids = set()
+    for owner in (proc, tok):
+        for attr in IMAGE_TOKEN_ATTRS:
+            t = getattr(owner, attr, None)
+            if isinstance(t, str):
+                i = tok.convert_tokens_to_ids(t)
+                if isinstance(i, int) and i != tok.unk_token_id:
+                    ids.add(i)
+    for attr in ("image_token_id", "video_token_id"):
+        i = getattr(proc, attr, None)
+        if isinstance(i, int):
+            ids.add(i)
+    return ids
+
+
+def _image_bound(proc) -> int | None:
+    """The most tokens one image can become with this processor, or None: unknown (every row is measured)."""
+    if isinstance(getattr(proc, "image_seq_length", None), int):  # Gemma 3: fixed
+        return proc.image_seq_length
+    ip = proc.image_processor
+    merge, patch, hi = getattr(ip, "merge_size", None), getattr(ip, "patch_size", None), getattr(ip, "max_pixels", None)
+    size = getattr(ip, "size", None)
+    hi = hi or getattr(size, "longest_edge", None) or (size.get("longest_edge") if isinstance(size, dict) else None)
+    return hi // (patch * merge) ** 2 + 1 if merge and patch and hi else None
+
+
+def cut_image(proc, msgs: list, text: str, images: list, max_len: int, bound: int | None,
+              responses: bool = True) -> str | None:
+    """Why data.max_seq_length cuts into this row's image tokens (the model would fail on the batch), or (loss on
+    the responses) cuts all of its answer (no target left: a batch of such rows has a NaN loss); None if neither.
+    Rows whose text and images' most tokens fit are not processed; the others go through the processor with
+    blank images of the rows' own sizes (read from each file's header, nothing decoded)."""
+    from PIL import Image
+
+    from toolbox_train.data.images import image_parts, image_size
+
+    n = len(images)
+    if not n:
+        return None
+    if bound is not None:
+        text_len = len(proc.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if text_len + n * (bound + 8) <= max_len:
+            return None
+    blank = [Image.new("RGB", image_size(src)) for src in images]
+    ids = proc(text=[text], images=[blank], add_special_tokens=False)["input_ids"][0]
+    marks = image_token_ids(proc)
+    last = max((j for j, t in enumerate(ids) if t in marks), default=-1)
+    if last >= max_len:
+        return (f"data.max_seq_length {max_len} cuts into the row's image tokens (the row is {len(ids)} tokens, its "
+                f"last image token at {last + 1}); raise it, or lower the images' resolution (vision.max_pixels)")
+    first = next((k for k, m in enumerate(msgs) if m["role"] == "assistant"), None)
+    if not responses or first is None:
+        return None
+    k = sum(image_parts(m["content"]) for m in msgs[:first])
+    prompt = proc.apply_chat_template(msgs[:first], tokenize=False, add_generation_prompt=True)
+    start = len(proc(text=[prompt], images=[blank[:k]] if k else None, add_special_tokens=False)["input_ids"][0])
+    if start < max_len:
+        return None
+    return (f"data.max_seq_length {max_len} leaves none of the row's answer (it starts at token {start + 1}, after "
+            f"the image tokens): nothing to learn from; raise it, or lower the images' resolution (vision.max_pixels)")
+
+
+def row_problems(proc, rows, locate, max_len: int | None = None, responses: bool = True) -> list[tuple[str, str]]:
     """(where, why) of each image row the processor's chat template cannot take: it fails, or it renders
     another number of image markers than the row has images (Qwen's processor accepts two images for one
-    marker; the model fails later), or its turns are not prefixes of the whole (the labels need them)."""
+    marker; the model fails later), or its turns are not prefixes of the whole (the labels need them); and
+    with `max_len`, a row whose image tokens data.max_seq_length would cut (cut_image)."""
     bad = []
+    bound = _image_bound(proc) if max_len else None
     for i, row in enumerate(rows):
         msgs, n = row["messages"], len(row.get("images") or [])  # a text source of a mixture has none
         try:
@@ -136,6 +207,11 @@ def row_problems(proc, rows, locate) -> list[tuple[str, str]]:
                         bad.append((locate(i), f"messages[{k}]: the chat template does not render the turns as "
                                     "prefixes of the conversation (the assistant turns cannot be located)"))
                         break
+            else:
+                why = cut_image(proc, msgs, text, row.get("images") or [], max_len, bound, responses) \
+                    if max_len else None
+                if why:
+                    bad.append((locate(i), why))
         except Exception as exc:  # jinja2's TemplateError (raise_exception), or no template at all
             bad.append((locate(i), f"the processor's chat template rejects this conversation: {first_line(exc)[:200]}"))
     return bad

@@ -147,7 +147,7 @@ def check_image_rows(p: ResolvedRun, ds, locate: Locate, field: str) -> None:
             "adapt (use method: full, or add language or vision)")
     if why:
         raise UserError(why)
-    bad = vision.row_problems(proc, ds, locate)
+    bad = vision.row_problems(proc, ds, locate, p.cfg.data.max_seq_length, p.cfg.data.train_on == "responses")
     refuse(bad[:NAMED], len(bad), len(ds), field)
 
 

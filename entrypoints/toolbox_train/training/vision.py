@@ -15,28 +15,9 @@ from typing import Any
 
 from toolbox_train.contract import UserError
 from toolbox_train.data.images import image_parts, load_image
+from toolbox_train.models.vision import image_token_ids
 
 IGNORE = -100
-# The processor / tokenizer attributes naming the tokens an image becomes (never a label).
-IMAGE_TOKEN_ATTRS = ("image_token", "boi_token", "eoi_token", "vision_start_token", "vision_end_token",
-                     "video_token")
-
-
-def image_token_ids(proc) -> set[int]:
-    tok = proc.tokenizer
-    ids = set()
-    for owner in (proc, tok):
-        for attr in IMAGE_TOKEN_ATTRS:
-            t = getattr(owner, attr, None)
-            if isinstance(t, str):
-                i = tok.convert_tokens_to_ids(t)
-                if isinstance(i, int) and i != tok.unk_token_id:
-                    ids.add(i)
-    for attr in ("image_token_id", "video_token_id"):
-        i = getattr(proc, attr, None)
-        if isinstance(i, int):
-            ids.add(i)
-    return ids
 
 
 def _render(proc, messages, generation_prompt: bool = False) -> str:
