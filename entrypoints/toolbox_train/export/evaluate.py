@@ -137,12 +137,14 @@ def _gguf(f: Path, fix: str) -> Path:
     return f
 
 
-def _hf_model(path: str, adapter: Path | None = None):
+def hf_model(path: str, adapter: Path | None = None, image_text: bool = False):
+    """The model at `path` in fp32 for scoring (an image-text model with `image_text`), with `adapter` on it."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    auto = transformers.AutoModelForImageTextToText if image_text else transformers.AutoModelForCausalLM
     with loading(f"{path}: the model"):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = auto.from_pretrained(path, dtype=torch.float32)
     if adapter is not None:
         from peft import PeftModel
 
@@ -281,8 +283,8 @@ def run(argv: list[str]) -> dict:
     else:
         bos = tok.bos_token_id if add_bos(tok) else None
         for w in ("base", "finetuned"):
-            model = _hf_model(base_path) if w == "base" else (
-                _hf_model(rm.base, rm.run) if rm.kind == "adapter" else _hf_model(str(rm.run)))
+            model = hf_model(base_path) if w == "base" else (
+                hf_model(rm.base, rm.run) if rm.kind == "adapter" else hf_model(str(rm.run)))
             say(f"HF perplexity of the {w} model")
             result[w] = {**hf_perplexity(model, ids, ctx, bos), "model": base_path if w == "base" else str(rm.run)}
             for i, p in enumerate(prompts or []):

@@ -39,20 +39,6 @@ def rows(rm: RunModel, data: str | None) -> list[dict]:
     return out
 
 
-def _model(path: str, adapter: Path | None = None):
-    import torch
-    from transformers import AutoModelForImageTextToText
-
-    with loading(f"{path}: the model"):
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
-    if adapter is not None:
-        from peft import PeftModel
-
-        with loading(f"--run {adapter}: the adapter"):
-            model = PeftModel.from_pretrained(model, str(adapter))
-    return model.eval()
-
-
 def answer_perplexity(model, collator, examples: list[dict], batch: int = 4) -> dict:
     import torch
 
@@ -82,11 +68,13 @@ def evaluate(rm: RunModel, data: str | None) -> dict:
     with loading(f"--run {rm.run}: the processor"):
         proc = load_processor(str(rm.run), **budget(cfg))  # the resolution the run trained at
     collator = VisionCollator(proc, cfg.data.max_seq_length, "responses")
+    from toolbox_train.export.evaluate import hf_model
+
     base = rm.resolved["model"]["path"]
     result = {}
     for which in ("base", "finetuned"):
-        model = _model(base) if which == "base" else (
-            _model(rm.base, rm.run) if rm.kind == "adapter" else _model(str(rm.run)))
+        model = hf_model(base, image_text=True) if which == "base" else (
+            hf_model(rm.base, rm.run, True) if rm.kind == "adapter" else hf_model(str(rm.run), image_text=True))
         result[which] = {**answer_perplexity(model, collator, examples),
                          "model": base if which == "base" else str(rm.run)}
         del model
