@@ -186,8 +186,8 @@ def test_parts_and_lora_targets_by_module_path(tmp_path, family):
     assert [n for n in names if n.endswith(PROJECTOR_MODULES) and part_of(n) == "projector"]
 
 
-@pytest.mark.parametrize("family, method", [("gemma3", "lora"), ("gemma3", "full"), ("qwen3-vl", "lora"),
-                                            ("qwen3-vl", "full")])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", ["lora", "full"])
 def test_stopped_and_resumed_equals_uninterrupted(tmp_path, tiny_vlms, monkeypatch, family, method):
     model_dir = tiny_vlms(family)
     data = write_image_dataset(tmp_path / "d" / "train.jsonl", n=12)
