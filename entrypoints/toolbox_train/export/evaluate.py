@@ -22,7 +22,7 @@ from toolbox_train.export import llamacpp
 from toolbox_train.contract import ToolError, UserError, command_parser, renamed, run_command
 from toolbox_train.disk import atomic_write
 from toolbox_train.guards import check_path, regular_file
-from toolbox_train.runs.folder import RunModel, find_finished, loading, rows_to_texts
+from toolbox_train.runs.folder import RunModel, find_finished, hf_model, loading, rows_to_texts
 
 
 def say(msg: str) -> None:
@@ -135,22 +135,6 @@ def _gguf(f: Path, fix: str) -> Path:
     if why:
         raise UserError(f"{f}: {why}; {fix}")
     return f
-
-
-def hf_model(path: str, adapter: Path | None = None, image_text: bool = False):
-    """The model at `path` in fp32 for scoring (an image-text model with `image_text`), with `adapter` on it."""
-    import torch
-    import transformers
-
-    auto = transformers.AutoModelForImageTextToText if image_text else transformers.AutoModelForCausalLM
-    with loading(f"{path}: the model"):
-        model = auto.from_pretrained(path, dtype=torch.float32)
-    if adapter is not None:
-        from peft import PeftModel
-
-        with loading(f"--run {adapter}: the adapter"):
-            model = PeftModel.from_pretrained(model, str(adapter))
-    return model.eval()
 
 
 def _hf_generate(model, tok, prompt: str, n: int) -> str:

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from toolbox_train.contract import UserError
-from toolbox_train.runs.folder import RunModel, loading, resolved_config
+from toolbox_train.runs.folder import RunModel, hf_model, loading, resolved_config
 
 FORMATS = ("vision", "messages")  # image rows; conversations without images score on the language half
 
@@ -68,8 +68,6 @@ def evaluate(rm: RunModel, data: str | None) -> dict:
     with loading(f"--run {rm.run}: the processor"):
         proc = load_processor(str(rm.run), **budget(cfg))  # the resolution the run trained at
     collator = VisionCollator(proc, cfg.data.max_seq_length, "responses")
-    from toolbox_train.export.evaluate import hf_model
-
     base = rm.resolved["model"]["path"]
     result = {}
     for which in ("base", "finetuned"):

@@ -192,6 +192,22 @@ def loading(what: str):
         raise UserError(f"{what} cannot be loaded: {type(exc).__name__}: {first_line(exc, 200)}") from None
 
 
+def hf_model(path: str, adapter: Path | None = None, image_text: bool = False):
+    """The model at `path` in fp32 for scoring (an image-text model with `image_text`), with `adapter` on it."""
+    import torch
+    import transformers
+
+    auto = transformers.AutoModelForImageTextToText if image_text else transformers.AutoModelForCausalLM
+    with loading(f"{path}: the model"):
+        model = auto.from_pretrained(path, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        with loading(f"--run {adapter}: the adapter"):
+            model = PeftModel.from_pretrained(model, str(adapter))
+    return model.eval()
+
+
 def resolved_config(run: Path, resolved: dict):
     """The run's config.resolved.yaml as a TrainConfig; a truncated or edited one is named."""
     from pydantic import ValidationError
