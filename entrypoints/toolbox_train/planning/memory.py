@@ -242,8 +242,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`. `lora_params`: the
     adapter's size where PEFT built it (planning/run.py), in place of the arithmetic's count; `unit` and
     `reference`, `seq`: the run's objective, reference model and tokens a sequence (planning/run.py), else read
-    from `cfg`. `patches_per_image`: what an image gives a vision-language model's tower (models/vision.py),
-    counted where vision.train trains the tower, one image a row."""
+    from `cfg`. `patches_per_image`: an image's patches in a training vision tower (models/vision.py)."""
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
@@ -261,9 +260,8 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
                  reference_copy=reference == "copy", precision=precision,
                  optimizer=t.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  world_size=world_size, strategy="fsdp" if fsdp else "ddp" if world_size > 1 else "single",
-                 head=head, unified_memory=unified, lora_params=lora_params,
-                 vision_train=tuple(getattr(getattr(cfg, "vision", None), "train", ())) if shape.tower else (),
-                 patches_per_row=patches_per_image)  # TRL's fused head is a GPU kernel; on CPU the model's loss
+                 head=head, unified_memory=unified, lora_params=lora_params, patches_per_row=patches_per_image,
+                 vision_train=tuple(getattr(getattr(cfg, "vision", None), "train", ())) if shape.tower else ())
     batch_reason = ""
     if t.per_device_batch_size == "auto":
         per_dev = t.batch_size // world_size if t.batch_size else None
