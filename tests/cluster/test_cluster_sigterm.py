@@ -26,8 +26,8 @@ def test_sigterm_to_the_launcher_stops_every_node_and_resume_works(hosts, clean,
     try:
         ckpts = Path(f"{out}-0/checkpoints")
         # Any checkpoint, not checkpoint-5: with the newest two kept (output.keep_checkpoints) checkpoint-5 lives
-        # ten steps, and on an idle CI machine the steps ran faster than this loop looked (CI twice saw "no
-        # checkpoint" while the run was at step 440, checkpoint-1400 and -1405 on disk afterwards).
+        # ten steps, about 0.2 s in CI (30 steps took 0.5 s there), shorter than this loop's look; CI twice saw
+        # "no checkpoint" while the run was far past it (checkpoint-1400 and -1405 on disk afterwards).
         deadline = time.monotonic() + 480
         while not any(ckpts.glob("checkpoint-*")):  # a checkpoint to resume from: the run is in training
             assert proc.poll() is None, proc.communicate()[0][-3000:]
