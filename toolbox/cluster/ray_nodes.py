@@ -159,8 +159,14 @@ if container_running "$name"; then
   echo "ray: running (container $name)"; else echo "ray: not running"; exit 3; fi
 [ "$#" -eq 0 ] || exec "$@"
 """
-# $1 Ray folder, $2 head address.
-RAY_STATUS = r"""RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$1/auth_token" exec ray status --address "$2"
+# $1 Ray folder, $2 head address. Just after `up`, Ray's own status can still be "No cluster status. It may take a
+# few seconds for the Ray internal services to start up." (seen on a fast CI machine): asked again for up to 30 s.
+RAY_STATUS = r"""export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$1/auth_token"
+for _ in $(seq 30); do
+  out=$(ray status --address "$2" 2>&1); code=$?
+  case $out in *"No cluster status"*) sleep 1 ;; *) break ;; esac
+done
+printf '%s\n' "$out"; exit $code
 """
 
 
