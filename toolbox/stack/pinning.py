@@ -62,6 +62,13 @@ class PinsFile:
     def image(self, ref: str) -> dict | None:
         return self.data["images"].get(ref)
 
+    def record(self, table: str, key: str, said: str, **entry) -> None:
+        """A first-use pin: `entry` under `key` in `table` (files, images, wheels), stamped and saved, and
+        `said` printed loudly (the user sees every pin taken on first use)."""
+        self.data[table][key] = {**entry, "locked": _now()}
+        self.save()
+        _loud(said)
+
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, statefiles.dump_pins(self.data))
@@ -172,10 +179,8 @@ def pin_tarball(url: str, *, rccl_commit: str | None, pins_file: PinsFile, froze
     except UserError:
         dest.unlink(missing_ok=True)
         raise
-    pins_file.data["files"][url] = {"sha256": got, "locked": _now(), "rocm_systems_commit": commit}
-    pins_file.save()
-    _loud(f"{url} sha256 {got} (AMD publishes no checksum; recorded in {pins_file.path}, "
-          "later builds must see the same bytes)")
+    pins_file.record("files", url, f"{url} sha256 {got} (AMD publishes no checksum; recorded in {pins_file.path}, "
+                     "later builds must see the same bytes)", sha256=got, rocm_systems_commit=commit)
     return got
 
 
@@ -189,10 +194,8 @@ def pin_file(url: str, field: str, *, pins_file: PinsFile, frozen: bool, ca_bund
         raise UserError(f"--frozen: {field} {url} has no sha256 and is not in the pins file {pins_file.path}; "
                         f"build once without --frozen, or --set {field}='{url}#sha256=<64 hex>'")
     got = download(url, cached_path(url), ca_bundle=ca_bundle)
-    pins_file.data["files"][url] = {"sha256": got, "locked": _now()}
-    pins_file.save()
-    _loud(f"{url} sha256 {got} ({field}: no public record gives it; recorded in {pins_file.path}, "
-          "later builds install exactly these bytes: pip checks the hash)")
+    pins_file.record("files", url, f"{url} sha256 {got} ({field}: no public record gives it; recorded in "
+                     f"{pins_file.path}, later builds install exactly these bytes: pip checks the hash)", sha256=got)
     return got
 
 
@@ -241,10 +244,8 @@ def pin_wheel(index_url: str, name: str, version: str, python: str, *, pins_file
     if sha is None:
         sha = download(wheel.url, cached_path(wheel.url), ca_bundle=ca_bundle)
         how = "downloaded once and hashed"
-    pins_file.data["wheels"][key] = {"url": wheel.url, "sha256": sha, "locked": _now()}
-    pins_file.save()
-    _loud(f"{wheel.filename} sha256 {sha} ({how}; recorded in {pins_file.path}, later builds install "
-          "exactly these bytes: pip checks the hash)")
+    pins_file.record("wheels", key, f"{wheel.filename} sha256 {sha} ({how}; recorded in {pins_file.path}, later "
+                     "builds install exactly these bytes: pip checks the hash)", url=wheel.url, sha256=sha)
     return f"{wheel.url}#sha256={sha}"
 
 
@@ -282,9 +283,7 @@ def pin_image(ref: str, *, pins_file: PinsFile, frozen: bool, probe: Probe) -> s
         raise UserError(f"--frozen: base image {ref} has no digest and is not in the pins file "
                         f"{pins_file.path}; build once without --frozen, or --set base.digest=sha256:<64 hex>")
     digest = probe(ref)
-    pins_file.data["images"][ref] = {"digest": digest, "locked": _now()}
-    pins_file.save()
-    _loud(f"{ref} digest {digest} (recorded in {pins_file.path})")
+    pins_file.record("images", ref, f"{ref} digest {digest} (recorded in {pins_file.path})", digest=digest)
     return digest
 
 
