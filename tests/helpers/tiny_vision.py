@@ -89,6 +89,25 @@ def _gemma3(dir: Path):
     return cfg, tf.Gemma3ForConditionalGeneration, proc
 
 
+def _qwen_processor(tok, family: str):
+    """The Qwen-VL family's processor around `tok`, or None where torchvision does not import (its video processor
+    needs it). 28x28 pixels: 2x2 patches of 14, merged 2x2 into one token per image."""
+    if not has_torchvision():
+        return None
+    import transformers as tf
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    if family == "qwen2.5-vl":
+        from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor as video
+        cls = tf.Qwen2_5_VLProcessor
+    else:
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor as video
+        cls = tf.Qwen3VLProcessor
+    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28, patch_size=14, merge_size=2,
+                                      temporal_patch_size=2)
+    return cls(image_processor=images, tokenizer=tok, video_processor=video(), chat_template=chat_template(family))
+
+
 def _qwen25vl(dir: Path, depth: int = 1):
     import transformers as tf
 
@@ -104,17 +123,7 @@ def _qwen25vl(dir: Path, depth: int = 1):
     cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                               video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                               vision_end_token_id=ids["<|vision_end|>"])
-    if not has_torchvision():
-        return cfg, tf.Qwen2_5_VLForConditionalGeneration, None
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
-
-    # 28x28 pixels: 2x2 patches of 14, merged 2x2 into one token per image.
-    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28, patch_size=14, merge_size=2,
-                                      temporal_patch_size=2)
-    proc = tf.Qwen2_5_VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen2VLVideoProcessor(),
-                                  chat_template=chat_template("qwen2.5-vl"))
-    return cfg, tf.Qwen2_5_VLForConditionalGeneration, proc
+    return cfg, tf.Qwen2_5_VLForConditionalGeneration, _qwen_processor(tok, "qwen2.5-vl")
 
 
 def _qwen3vl(dir: Path, depth: int = 1):
@@ -132,16 +141,7 @@ def _qwen3vl(dir: Path, depth: int = 1):
     cfg = tf.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                            video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                            vision_end_token_id=ids["<|vision_end|>"], bos_token_id=ids["<s>"], eos_token_id=ids["</s>"])
-    if not has_torchvision():
-        return cfg, tf.Qwen3VLForConditionalGeneration, None
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28, patch_size=14, merge_size=2,
-                                      temporal_patch_size=2)
-    proc = tf.Qwen3VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen3VLVideoProcessor(),
-                               chat_template=chat_template("qwen3-vl"))
-    return cfg, tf.Qwen3VLForConditionalGeneration, proc
+    return cfg, tf.Qwen3VLForConditionalGeneration, _qwen_processor(tok, "qwen3-vl")
 
 
 def make_tiny_vlm(dir: str | Path, family: str = "gemma3", seed: int = 0, tokenizer: Path | None = None,
