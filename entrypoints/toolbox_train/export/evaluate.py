@@ -290,9 +290,10 @@ def run(argv: list[str]) -> dict:
 def _vision(rm: RunModel, args) -> dict:
     from toolbox_train.export import vision_eval
 
+    examples = vision_eval.rows(rm, args.data)  # checked before anything is said or loaded
     say("answer perplexity of the base and the fine-tuned model on held-out image rows (transformers)")
     result = {"run": str(rm.run), "runtime": "hf", "score": "answer perplexity on image rows",
-              "data": args.data or "the run's eval split", **vision_eval.evaluate(rm, args.data)}
+              "data": args.data or "the run's eval split", **vision_eval.evaluate(rm, examples)}
     b, f = result["base"]["ppl"], result["finetuned"]["ppl"]
     result["difference"], result["difference_pct"] = f - b, 100.0 * (f - b) / b
     atomic_write(args.out, json.dumps(result, indent=2) + "\n")

@@ -58,12 +58,11 @@ def answer_perplexity(model, collator, examples: list[dict], batch: int = 4) -> 
     return {"ppl": math.exp(nll / count), "scored_tokens": count, "rows": len(examples)}
 
 
-def evaluate(rm: RunModel, data: str | None) -> dict:
-    """{"base": {...}, "finetuned": {...}} of answer perplexity on the held-out image rows."""
+def evaluate(rm: RunModel, examples: list[dict]) -> dict:
+    """{"base": {...}, "finetuned": {...}} of answer perplexity on the held-out image rows (rows())."""
     from toolbox_train.models.vision import budget, load_processor
     from toolbox_train.training.vision import VisionCollator
 
-    examples = rows(rm, data)
     cfg = resolved_config(rm.run, rm.resolved)
     with loading(f"--run {rm.run}: the processor"):
         proc = load_processor(str(rm.run), **budget(cfg))  # the resolution the run trained at
