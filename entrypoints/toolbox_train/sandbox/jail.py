@@ -61,10 +61,10 @@ def _roots(python: str) -> list[str]:
     return out
 
 
-def command(limits: Limits, result_fd: int) -> list[str]:
+def command(limits: Limits, result_fd: int, info_fd: int) -> list[str]:
     python = limits.python or sys.executable
     args = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--info-fd", str(info_fd)]
     for p in SYSTEM:
         if os.path.islink(p):
             args += ["--symlink", os.readlink(p), p]
@@ -78,14 +78,26 @@ def command(limits: Limits, result_fd: int) -> list[str]:
     return args
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    # The process group holds bwrap and the namespace's init; the init's death kills every process
-    # of the pid namespace (and --die-with-parent kills the init if bwrap goes first).
-    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+def _stop(proc: subprocess.Popen, info: bytes) -> int | None:
+    """Kills the sandbox and returns bwrap's exit status once nothing of it runs (None: it would not die).
+    The namespace's init (its pid from --info-fd) first: the kernel kills every process of the pid
+    namespace before the init is gone, and bwrap, which waits for the init, exits after it. Without
+    that pid, bwrap's process group (bwrap and the init; --die-with-parent also takes the init)."""
+    try:
+        pid = int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        pid = None
+    kills = ([lambda: os.kill(pid, signal.SIGKILL)] if pid else []) + [lambda: os.killpg(proc.pid, signal.SIGKILL)]
+    for kill in kills:
         try:
-            target()
+            kill()
         except (ProcessLookupError, PermissionError):
             pass
+        try:
+            return proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            continue
+    return None  # a process the kernel cannot kill now (uninterruptible I/O): left to the kernel
 
 
 def _status(lines: list[str], total: int, rc: int | None) -> tuple[str, int, str]:
@@ -117,26 +129,29 @@ def _run(code: str, tests: list[str], limits: Limits) -> Result:
     job = json.dumps({"limits": limits.model_dump(), "code": code, "tests": tests}).encode()
     job_fd = os.memfd_create("sandbox-job")  # a file, not a pipe: writing the job cannot block
     r, w = os.pipe()
+    info_r, info_w = os.pipe()
     try:
         with open(job_fd, "wb", closefd=False) as f:
             f.write(job)
         os.lseek(job_fd, 0, os.SEEK_SET)
         user = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
-        proc = subprocess.Popen(command(limits, w), stdin=job_fd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                pass_fds=(w,), cwd="/", env=dict(ENV), start_new_session=True, **user)
+        proc = subprocess.Popen(command(limits, w, info_w), stdin=job_fd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, pass_fds=(w, info_w), cwd="/", env=dict(ENV),
+                                start_new_session=True, **user)
     except BaseException:
         os.close(r)
+        os.close(info_r)
         raise
     finally:
-        os.close(w)
-        os.close(job_fd)
-    out, res, why, rc = bytearray(), bytearray(), "", None
+        for fd in (w, info_w, job_fd):
+            os.close(fd)
+    out, res, info, why, rc = bytearray(), bytearray(), bytearray(), "", None
     cap = limits.output_kb << 10
     deadline = time.monotonic() + limits.timeout
     try:
         with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout.fileno(), selectors.EVENT_READ, out)
-            sel.register(r, selectors.EVENT_READ, res)
+            for fd, data in ((proc.stdout.fileno(), out), (r, res), (info_r, info)):
+                sel.register(fd, selectors.EVENT_READ, data)
             while sel.get_map() and not why:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -151,19 +166,16 @@ def _run(code: str, tests: list[str], limits: Limits) -> Result:
                     if len(out) > cap or len(res) > RESULT_CAP:
                         why = "output_limit"
                         break
-        if not why:  # both pipes closed: bwrap ends with its child, or the code closed them and lives on
+        if not why:  # every pipe closed: bwrap ends with its child, or the code closed them and lives on
             try:
                 rc = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 why = "timeout"
     finally:
         if rc is None:
-            _kill(proc)
-            try:
-                rc = proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # a process the kernel cannot kill now: left to the kernel
-                pass
-        os.close(r)
+            rc = _stop(proc, bytes(info))
+        for fd in (r, info_r):
+            os.close(fd)
         proc.stdout.close()
     text = out[:cap].decode("utf-8", "replace")
     status, passed, detail = _status(res.decode("utf-8", "replace").splitlines(), total, rc)
