@@ -249,6 +249,6 @@ def test_rocm_to_the_next_10_x_line_writes_its_own_stack_tls(repo, stack_copy, t
 
     text = render_dockerfile(s)  # it renders: RCCL at that commit, torch from the index (first use)
     assert f"git-fetch.sh https://github.com/ROCm/rocm-systems {commit}" in text
-    assert "torch[device-gfx1151]==2.14.0+rocm10.1.0" in text and 'hip == "7.16"' in text
+    assert "torch[device-gfx1151]==2.14.0+rocm10.1.0" in text and "bnb-check.py --hip 7.16" in text
     with pytest.raises(UserError, match="exists already"):
         bump("rocm", str(stack_copy), "10.1", index_url=f"{repo}/core/tarball/")
