@@ -110,7 +110,7 @@ RUN --mount=type=cache,target=/root/.ccache \
  && cmake --build /build/rccl-tests \
  && cmake --install /build/rccl-tests
 
-# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
+# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server, llama-mtmd-cli ----
 FROM devel AS llama_cpp-build
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ggml-org/llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f /src/llama.cpp
@@ -129,9 +129,9 @@ RUN --mount=type=cache,target=/root/.ccache \
       -DGGML_HIP=ON \
       -DGPU_TARGETS="gfx1151" \
       -DCMAKE_HIP_COMPILER=/opt/rocm/llvm/bin/clang \
- && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server \
+ && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli \
  && mkdir -p /opt/llama.cpp/bin \
- && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
+ && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
  && cp -r /src/llama.cpp/convert_hf_to_gguf.py /src/llama.cpp/conversion /src/llama.cpp/gguf-py /opt/llama.cpp/ \
  && echo "llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip)" > /opt/llama.cpp/VERSION
 
@@ -227,6 +227,7 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/pip.sh install sentencepiece==0.2.3 \
  && ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
  && llama-cli --version \
+ && llama-mtmd-cli --help >/dev/null \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 
