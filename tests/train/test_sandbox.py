@@ -61,7 +61,7 @@ def test_a_correct_solution_scores_1_a_wrong_one_0_a_half_right_one_half(limits)
 
 def test_a_fork_bomb_is_held_to_the_process_limit_and_dies_with_the_sandbox(limits):
     marker = "bomb" + uuid.uuid4().hex[:8]
-    code = (f"import os, time\nopen('/proc/self/comm', 'w').write({marker!r})\n"
+    code = (f"import ctypes, os, time\nctypes.CDLL(None).prctl(15, {marker.encode()!r}, 0, 0, 0)  # PR_SET_NAME\n"
             "while True:\n"
             "    try:\n"
             "        pid = os.fork()\n"
@@ -140,17 +140,20 @@ def test_the_callers_secrets_are_not_in_the_sandboxs_environment(limits, monkeyp
     token = "hf_" + uuid.uuid4().hex
     for name in ("HF_TOKEN", "WANDB_API_KEY", "MY_SERVICE_SECRET", "HTTPS_PROXY"):
         monkeypatch.setenv(name, token)
-    code = ("import os, glob\nleaks = [k for k, v in os.environ.items() if v == %r]\n"
-            "for f in glob.glob('/proc/*/environ'):\n"
-            "    try:\n"
-            "        if %r in open(f).read():\n"
-            "            leaks.append(f)\n"
-            "    except OSError:\n"
-            "        pass\n"
-            "print(dict(os.environ))\n") % (token, token)
+    code = ("import os\nleaks = [k for k, v in os.environ.items() if v == %r]\n"
+            "print(dict(os.environ))\n") % token
     r = sandbox.run(code, ["assert leaks == []", "assert 'HF_TOKEN' not in os.environ"], limits)
     assert (r.status, r.score) == ("passed", 1.0), r
     assert token not in r.output and "'HOME': '/sandbox'" in r.output  # what it printed is its environment
+
+
+def test_no_user_namespace_inside_where_the_machine_lets_bwrap_forbid_it(limits):
+    # unshare(CLONE_NEWUSER) from the code: refused under --disable-userns (this machine; not in a
+    # podman container, whose read-only /proc/sys refuses the setting: docs/preference.md)
+    test = "import ctypes\nassert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == -1"
+    r = sandbox.run("", [test], limits)
+    assert jail._no_nested_userns() == ("--disable-userns",)
+    assert (r.status, r.score) == ("passed", 1.0), r
 
 
 def test_a_gigabyte_of_output_is_cut_at_the_cap(limits):
@@ -185,3 +188,4 @@ def test_code_is_the_last_python_block_else_the_whole_text():
     assert sandbox.extract_code("first\n```python\nx = 1\n```\nthen\n```py\nx = 2\n```\n") == "x = 2\n"
     assert sandbox.extract_code([{"role": "assistant", "content": "```python\ny = 3\n```"}]) == "y = 3\n"
     assert sandbox.extract_code("z = 4") == "z = 4"
+

@@ -5,6 +5,7 @@ and the result read from the harness's lines. Nothing here raises into the calle
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import selectors
@@ -61,20 +62,45 @@ def _roots(python: str) -> list[str]:
     return out
 
 
-def command(limits: Limits, result_fd: int, info_fd: int) -> list[str]:
-    python = limits.python or sys.executable
-    args = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--info-fd", str(info_fd)]
+def _system() -> list[str]:
+    args = []
     for p in SYSTEM:
         if os.path.islink(p):
             args += ["--symlink", os.readlink(p), p]
         elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
+    return args
+
+
+def _user() -> dict:
+    """Popen's arguments that start bwrap as nobody when the caller is root."""
+    return {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+
+
+@functools.cache
+def _no_nested_userns() -> tuple[str, ...]:
+    """--disable-userns (no user namespace inside the sandbox) where this machine lets bwrap set it:
+    it writes the new namespace's /proc/sys/user/max_user_namespaces, which a container's read-only
+    /proc/sys (podman's default) refuses; there the sandbox runs without it."""
+    try:
+        ok = subprocess.run([shutil.which("bwrap") or "bwrap", "--unshare-user", "--disable-userns", *_system(),
+                             "/usr/bin/true"], stdin=subprocess.DEVNULL, capture_output=True, cwd="/", env=dict(ENV),
+                            timeout=30, **_user()).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return ("--disable-userns",) if ok else ()
+
+
+def command(limits: Limits, result_fd: int, info_fd: int) -> list[str]:
+    """bwrap's argv. No new /proc: mounting one in a container whose /proc is partly masked (podman's,
+    docker's) is refused, and the code needs none; --dev gives null, zero, random, urandom, tty."""
+    python = limits.python or sys.executable
+    args = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", *_no_nested_userns(),
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--info-fd", str(info_fd), *_system()]
     for p in [*(e for e in ETC if os.path.exists(e)), *_roots(python)]:
         args += ["--ro-bind", p, p]
-    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-             "--size", str(limits.disk_mb << 20), "--tmpfs", WORK, "--remount-ro", "/", "--chdir", WORK,
-             python, "-I", "-B", "-c", HARNESS, str(result_fd)]
+    args += ["--dev", "/dev", "--remount-ro", "/dev", "--size", str(limits.disk_mb << 20), "--tmpfs", WORK,
+             "--remount-ro", "/", "--chdir", WORK, python, "-I", "-B", "-c", HARNESS, str(result_fd)]
     return args
 
 
@@ -134,10 +160,9 @@ def _run(code: str, tests: list[str], limits: Limits) -> Result:
         with open(job_fd, "wb", closefd=False) as f:
             f.write(job)
         os.lseek(job_fd, 0, os.SEEK_SET)
-        user = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
         proc = subprocess.Popen(command(limits, w, info_w), stdin=job_fd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, pass_fds=(w, info_w), cwd="/", env=dict(ENV),
-                                start_new_session=True, **user)
+                                start_new_session=True, **_user())
     except BaseException:
         os.close(r)
         os.close(info_r)
