@@ -189,3 +189,59 @@ def test_code_is_the_last_python_block_else_the_whole_text():
     assert sandbox.extract_code([{"role": "assistant", "content": "```python\ny = 3\n```"}]) == "y = 3\n"
     assert sandbox.extract_code("z = 4") == "z = 4"
 
+
+# ---- the reward through GRPO's reward resolution (planning/rewards.py), as finetune runs it ----
+
+CODE_ROWS = [{"prompt": "Write add(a, b).", "tests": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]},
+             {"prompt": "Write neg(x).", "tests": ["assert neg(2) == -2"]},
+             {"prompt": "Write one().", "tests": "assert one() == 1"}]
+
+
+def _config(rewards: list[dict]):
+    from toolbox_train.config.schema import TrainConfig
+
+    return TrainConfig.model_validate({"model": {"path": "m"}, "data": {"path": "d"}, "output": {"dir": "o"},
+                                       "objective": "grpo", "grpo": {"rewards": rewards}})
+
+
+def test_python_tests_resolves_and_scores_what_trl_passes_it(limits, tmp_path, tiny_model):
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerState
+
+    from toolbox_train.planning import rewards
+
+    cfg = _config([{"function": "python_tests", "sandbox": limits.model_dump(exclude_none=True)},
+                   {"function": "length", "max_chars": 400, "weight": 0.1}])
+    funcs, weights = rewards.resolve(cfg, tmp_path)
+    assert funcs[0].__name__ == "python_tests" and weights == [1.0, 0.1]
+    completions = [[{"role": "assistant", "content": "Here:\n```python\ndef add(a, b):\n    return a + b\n```"}],
+                   [{"role": "assistant", "content": "```python\nwhile True:\n    pass\n```"}],
+                   [{"role": "assistant", "content": "def one():\n    return 2\n"}]]
+    scores = funcs[0](prompts=[r["prompt"] for r in CODE_ROWS], completions=completions,
+                      tests=[r["tests"] for r in CODE_ROWS], completion_ids=[[1]] * 3, trainer_state=TrainerState(),
+                      log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
+    assert scores == [1.0, 0.0, 0.0]
+    # the call before the model loads (each prompt standing in for its completion: not code, 0)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = Dataset.from_list([{**r, "tests": r["tests"] if isinstance(r["tests"], list) else [r["tests"]]}
+                              for r in CODE_ROWS])
+    rewards.trial(cfg, funcs, rows, tok, "data.path")
+    with pytest.raises(rewards.UserError, match=r"grpo.rewards.0.function: python_tests: raised ValueError: "
+                                                r"python_tests needs a `tests` column"):
+        rewards.trial(cfg, funcs, Dataset.from_list([{"prompt": "x"}] * 2), tok, "data.path")
+
+
+def test_a_sandbox_that_cannot_run_is_refused_before_the_model_loads(tmp_path):
+    from pydantic import ValidationError
+
+    from toolbox_train.planning import rewards
+
+    cfg = _config([{"function": "python_tests", "sandbox": {"python": str(tmp_path / "no-python" / "bin" / "python")}}])
+    with pytest.raises(rewards.UserError, match=r"^grpo.rewards.0.function: python_tests: the sandbox does not run "
+                                                r"here: sandbox_error: .*no-python"):
+        rewards.resolve(cfg, tmp_path)
+    for bad, why in (({"function": "format", "pattern": "x", "sandbox": {}}, "sandbox belongs to the python_tests"),
+                     ({"function": "python_tests", "sandbox": {"timeout": 0}}, "timeout"),
+                     ({"function": "python_tests", "sandbox": {"memory": 1}}, "memory")):
+        with pytest.raises(ValidationError, match=why):
+            _config([bad])

@@ -1,7 +1,8 @@
-"""GRPO reward functions named in the config: two built-ins (a format check by regex, a length
-penalty) and `module:function`, a module.py beside the config or an installed module. Resolved
-and called once on a few rows (`trial`) before the model loads, so a typo, a function that raises
-or returns no number per completion is exit 2, not a failure after loading.
+"""GRPO reward functions named in the config: three built-ins (a format check by regex, a length
+penalty, python_tests: the code against the row's tests in the sandbox) and `module:function`, a
+module.py beside the config or an installed module. Resolved and called once on a few rows
+(`trial`) before the model loads, so a typo, a function that raises or returns no number per
+completion, a sandbox that cannot run here, is exit 2, not a failure after loading.
 
 A reward function is TRL's: `f(prompts, completions, **columns) -> list[float]`, one per
 completion; conversational completions are lists of messages (the text is the last's content).
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from toolbox_train import sandbox
 from toolbox_train.contract import UserError, first_line
 
 
@@ -105,7 +107,7 @@ def resolve(cfg, base: Path) -> tuple[list[Callable | str], list[float]]:
     rewards = cfg.grpo.rewards
     if not rewards:
         raise UserError("grpo.rewards: objective grpo needs at least one reward function "
-                        "(format, length, or module:function) or reward model")
+                        "(format, length, python_tests, or module:function) or reward model")
     funcs = []
     for i, r in enumerate(rewards):
         field = f"grpo.rewards.{i}.function"
@@ -115,6 +117,12 @@ def resolve(cfg, base: Path) -> tuple[list[Callable | str], list[float]]:
             funcs.append(format_reward(r.pattern))
         elif r.function == "length":
             funcs.append(length_penalty(r.max_chars))
+        elif r.function == "python_tests":
+            limits = r.sandbox or sandbox.Limits()
+            why = sandbox.probe(limits)  # a sandbox that cannot run here would score every completion 0
+            if why:
+                raise UserError(f"{field}: python_tests: the sandbox does not run here: {why}")
+            funcs.append(sandbox.python_tests(limits))
         else:
             mod_name, _, attr = r.function.partition(":")
             mod = _module(mod_name, base, field)
