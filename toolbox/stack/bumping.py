@@ -23,7 +23,8 @@
   (new_line: each file hashed, the whole set the old stack pins at the new
   line's files in the whl-next/<name>/<file> form; rocm-bootstrap and setuptools keep their pins).
 - rccl, bitsandbytes, unsloth, unsloth_zoo, therock: a git ref (--to TAG|BRANCH, default the
-  remote's HEAD) resolved to its 40-hex commit with `git ls-remote`.
+  remote's HEAD) resolved to its 40-hex commit with `git ls-remote`; bitsandbytes --to X.Y.Z (a
+  release tag) writes that version too, which the wheel built from the tag carries.
 - base: an image tag resolved to its manifest digest through the registry's v2 API.
 
 The file is edited line by line (comments stay), re-validated, then written atomically.
@@ -238,6 +239,9 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
             raise UserError(f"{path}: {block}: source is {obj.source}, not git: no commit to bump (edit its "
                             f"version, then `toolbox lock --stack {stack.model.name}`)")
         changes[f"{block}.{commit_field}"] = resolve_git(getattr(obj, repo_field), to)
+        if component == "bitsandbytes" and to and re.fullmatch(r"v?\d+\.\d+\.\d+", to):
+            # a release tag: the wheel the image builds carries that version (its install step names it)
+            changes["bitsandbytes.version"] = to.lstrip("v")
         if hasattr(obj, "unverified") and component != "unsloth_zoo":
             changes[f"{block}.unverified"] = False
     changes = {k: v for k, v in changes.items() if k.endswith("unverified") is False or _has(path, k)}
