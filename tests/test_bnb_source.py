@@ -178,3 +178,24 @@ def test_check_refuses_a_missing_library_and_missing_entry_points(wheel_site, tm
     assert r.returncode == 1 and _said(r) == [
         f"bnb-check: {pkg / 'libbitsandbytes_rocm715.so'} lacks cquantize_blockwise_bf16_nf4, "
         "cdequantize_blockwise_bf16_nf4, cgemm_4bit_inference_naive_bf16"]
+
+
+def test_build_script_refuses_bad_arguments_and_a_build_without_the_library(tmp_path):
+    """build-bitsandbytes.sh: one line and exit 2 for what it cannot build; exit 1, naming what was
+    made, when CMake made no library of the expected name (here: a tree whose CMakeLists builds none)."""
+    script = SCRIPTS / "build-bitsandbytes.sh"
+    src = tmp_path / "src"
+    (src / "bitsandbytes").mkdir(parents=True)
+    usage = "usage: build-bitsandbytes.sh SRC WHEELDIR -DCOMPUTE_BACKEND=hip|cpu [CMAKE_ARG...]"
+    for args, said in (([], usage), ([src, tmp_path / "w", "-DCOMPUTE_BACKEND=cuda"], usage),
+                       ([src, tmp_path / "w", "-DCOMPUTE_BACKEND=hip"],
+                        "build-bitsandbytes.sh: the hip backend needs -DBNB_ROCM_ARCH=<targets>")):
+        r = _run(["sh", script, *args])
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [said], r.stderr
+    (src / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.16)\nproject(nothing NONE)\n")
+    (src / "bitsandbytes" / "libbitsandbytes_cuda130.so").write_text("")  # made, but not what the backend makes
+    r = _run(["sh", script, src, tmp_path / "w", "-DCOMPUTE_BACKEND=cpu"], env={**os.environ, "BNB_BUILD_DIR": str(tmp_path / "b")})
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == (f"build-bitsandbytes.sh: the build made no {src}/bitsandbytes/"
+                                                 "libbitsandbytes_cpu.so (it made: libbitsandbytes_cuda130.so )")
+    assert not (tmp_path / "w").exists()  # no wheel step
