@@ -11,7 +11,7 @@ from toolbox_train.data import images, pref_rows
 from toolbox_train.planning import rewards
 from toolbox_train.data.dataset import Locate, load_datasets
 from toolbox_train.contract import UserError, first_line
-from toolbox_train.planning.run import ResolvedRun, log
+from toolbox_train.planning.run import ResolvedRun, log, with_images_per_row
 from toolbox_train.data.rowcheck import NAMED, refuse
 
 
@@ -184,4 +184,10 @@ def validate(p: ResolvedRun):
     train, evald, fmt = loaded
     sets = [(train, "data.path")] + ([(evald, "data.eval_path")] if p.cfg.data.eval_path else [])
     rewards.check(p, p.world_size, tok, sets)  # GRPO's reward functions resolve and run: launch checks them too
-    return dataclasses.replace(p, data_format=fmt), train, evald
+    p = dataclasses.replace(p, data_format=fmt)
+    if fmt == images.FORMAT:  # the plan at the most images a row holds (it counted one)
+        try:
+            p = with_images_per_row(p, max(len(r["images"] or []) for r in train))
+        except UserError as exc:
+            raise UserError(p.locate(str(exc))) from None
+    return p, train, evald
