@@ -11,6 +11,7 @@ from toolbox_train.models.families import LORA_ALL_LINEAR, every_family
 
 PARTS = ("language", "vision", "projector")
 
+
 # Module paths of each part: every family's in the table (models/families.py: Gemma 3 / LLaVA vision_tower and
 # multi_modal_projector, Qwen-VL visual.blocks... and its patch merger, Idefics3 / SmolVLM vision_model and
 # connector), read when asked, so that an entry added is seen.
