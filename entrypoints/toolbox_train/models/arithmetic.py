@@ -199,7 +199,7 @@ class Setting:
     unified_memory: bool = False  # APU: host offload takes the same memory
     reference_copy: bool = False  # DPO/KTO full fine-tuning: a frozen copy of the model beside it
     lora_params: int | None = None  # the adapter's size as PEFT built it; None: Shape.lora_params's count
-    sampler_kv: float = 0.0  # GRPO: bytes of the sampler's KV cache (planning/generation.py kv_cache_bytes)
+    sampler_kv: float = 0.0  # bytes of the sampler's KV cache (generation/sampler.py kv_cache_bytes)
     sampler_kv_resident: bool = False  # a static cache under compiled decoding: counted through the whole step
     vision_train: tuple[str, ...] = ()  # a vision-language model's vision.train (language, vision, projector)
     patches_per_row: int = 0  # patches a row's images give the tower (where it trains): one image a row, planned

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from toolbox_train.contract import UserError
-from toolbox_train.objectives.unit import HEADS
+from toolbox_train.units.objective import HEADS
 from toolbox_train.models import vision
 from toolbox_train.models.arithmetic import expert_targets, moe_experts
 

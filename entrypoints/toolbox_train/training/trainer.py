@@ -17,7 +17,8 @@ from transformers import TrainerCallback
 
 from toolbox_train.runs import checkpoints
 from toolbox_train.runs import resume
-from toolbox_train import disk, objectives
+from toolbox_train import disk
+from toolbox_train.units import registry
 from toolbox_train.training import progress
 from toolbox_train.contract import ToolError
 from toolbox_train.models.arithmetic import GiB
@@ -26,7 +27,7 @@ from toolbox_train.config.sync import local_sgd_steps
 
 LOCAL_SGD_STATE = "local_sgd.json"  # in each checkpoint: LocalSGD's step counter
 # What the objectives' TRL trainers log that metrics.jsonl keeps (each unit names its own).
-OBJECTIVE_METRICS = tuple(dict.fromkeys(m for u in objectives.REGISTRY.values() for m in u.metrics))
+OBJECTIVE_METRICS = tuple(dict.fromkeys(m for u in registry.REGISTRY.values() for m in u.metrics))
 
 
 def peak_mem_gib() -> float:

@@ -1,6 +1,7 @@
 """GRPO (`objective: grpo`): completions sampled per prompt, scored by reward functions (or reward
-models), the group's advantages trained on (TRL's GRPOTrainer). Its section's rewards are resolved
-and tried before the model loads (planning/rewards.py)."""
+models), the group's advantages trained on (TRL's GRPOTrainer). Its hooks (hooks.py): the sampler
+picked once (the generation unit, generation/), its KV cache in the memory plan, the rewards resolved
+and tried once before the model loads (planning/rewards.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from toolbox_train.objectives.unit import Objective, policy_reference
+from toolbox_train.generation import sampler
+from toolbox_train.objectives.grpo import hooks
+from toolbox_train.units.objective import Objective, policy_reference
 
 BUILTIN_REWARDS = ("format", "length")
 # TRL 1.15's GRPO loss types (GRPOConfig.loss_type; its default dapo)
 GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-# grpo.generation: auto picks one of the others (planning/generation.py)
-GENERATION = ("auto", "transformers", "transformers-static", "transformers-paged", "vllm-colocate")
 
 
 class _Strict(BaseModel):
@@ -26,7 +27,7 @@ class RewardCfg(_Strict):
     function: str | None = Field(None, description="format, length, or module:function (a module.py beside the "
                                  "config, or an installed module)")
     model: str | None = Field(None, description="or a reward model: a folder of a sequence-classification model with "
-                              "one label (a run of objective: reward), its score of prompt + completion")
+                              "one label (a run that trained a reward model), its score of prompt + completion")
     weight: float = 1.0
     pattern: str | None = Field(None, description="format: a regex the completion must contain (re.search)")
     max_chars: int | None = Field(None, gt=0, description="length: completions longer than this are penalized")
@@ -67,12 +68,8 @@ class GrpoCfg(_Strict):
     temperature: float = Field(1.0, gt=0)
     beta: float = Field(0.0, ge=0, description="KL weight; > 0 needs the reference model")
     rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")
-    generation: Literal[GENERATION] = Field(  # type: ignore[valid-type]
-        "auto", description="auto (the fastest sampler this machine runs), transformers (generate, dynamic cache), "
-                            "transformers-static (static cache, compiled decoding), transformers-paged (continuous "
-                            "batching), vllm-colocate (planning/generation.py)")
-    vllm_gpu_memory_utilization: float | None = Field(
-        None, gt=0, lt=1, description="vllm-colocate: the GPU memory share vLLM takes (TRL's default 0.3)")
+    generation: sampler.Mode = sampler.mode_field()  # the generation unit's fields (generation/sampler.py)
+    vllm_gpu_memory_utilization: float | None = sampler.memory_field()
     # TRL 1.15's GRPOConfig, its names and defaults
     loss_type: Literal[GRPO_LOSSES] = Field("dapo", description="how token losses are aggregated")  # type: ignore[valid-type]
     importance_sampling_level: Literal["token", "sequence"] = Field(
@@ -89,8 +86,9 @@ class GrpoCfg(_Strict):
 
     @model_validator(mode="after")
     def _combinations(self):
-        if self.vllm_gpu_memory_utilization is not None and self.generation != "vllm-colocate":
-            raise ValueError("vllm_gpu_memory_utilization belongs to generation: vllm-colocate")
+        why = sampler.fields_problem(self)
+        if why:
+            raise ValueError(why)
         lt, level, hi = self.loss_type, self.importance_sampling_level, self.epsilon_high
         if lt == "cispo":
             if hi is None or hi <= 1:
@@ -121,7 +119,7 @@ def _describe(s: dict) -> dict:
 
 UNIT = Objective("grpo", "completions sampled per prompt and scored by rewards; the group's advantages",
                  section=GrpoCfg, data_format="prompt", reference=_reference, describe=_describe,
-                 metrics=("reward", "reward_std"), samples=True,
+                 metrics=("reward", "reward_std"), resolve=hooks.resolve, memory=hooks.memory, prepare=hooks.prepare,
                  # its loss reads each prompt with its completion (max_seq_length bounds the prompt alone)
                  extra_tokens=lambda cfg: cfg.grpo.max_completion_length,
                  # Measured (H100, llama-1b LoRA, docs/bench/2026-12-06-h100/grpo-unsloth-2/): Unsloth's own

@@ -1,16 +1,19 @@
 """GRPO on TRL's GRPOTrainer, with the Toolbox additions: each reward function guarded so that one
 that raises is named, a NaN/inf/None reward stopping the run as a NaN loss does, and the static-cache
-sampler's decoding compiled. The functions themselves are resolved and tried before the model loads
-(planning/rewards.py); the sampler is picked there too (planning/generation.py)."""
+sampler's decoding compiled (generation/trainer.py). The functions themselves are resolved and tried
+once before the model loads (its prepare hook: `p.inputs`); the sampler was picked when the run was
+resolved (`p.extras`)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 
-from toolbox_train.training import preference
+from toolbox_train.generation.trainer import CompiledSampler
 from toolbox_train.objectives.grpo.config import grpo_args
+from toolbox_train.objectives.grpo.hooks import REWARDS
 from toolbox_train.planning.rewards import label as reward_label
+from toolbox_train.training import preference
 
 
 class RewardRaised(Exception):
@@ -52,42 +55,24 @@ class FiniteRewards:
         try:
             rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         except RewardRaised as e:
-            fn = reward_label(e.index, self.toolbox_run.cfg.grpo.rewards[e.index])
+            fn = reward_label(e.index, self.toolbox_run.cfg.grpo.rewards[e.index], REWARDS)
             raise self.stopped(f"{fn} raised {type(e.exc).__name__}: "
                                f"{first_line(e.exc, 200)} at step {step}", "fix the function, then resume") from None
         bad = ~torch.isfinite(rewards)
         if bad.any():
             entries = self.toolbox_run.cfg.grpo.rewards
-            named = "; ".join(f"{reward_label(i, entries[i])}: {int(bad[:, i].sum())} of "
+            named = "; ".join(f"{reward_label(i, entries[i], REWARDS)}: {int(bad[:, i].sum())} of "
                               f"{len(bad)} completions" for i in bad.any(0).nonzero().flatten().tolist())
             raise self.stopped(f"a reward function returned NaN/inf or None at step {step} "
                                f"({named})", "every completion needs a finite number from every reward function")
         return rewards
 
 
-class CompiledSampler:
-    """grpo.generation transformers-static: TRL 1.15 builds its GenerationConfig with `disable_compile=True`
-    (grpo_trainer.py), so its `cache_implementation="static"` alone decodes eagerly in a preallocated cache;
-    the compiled decoding is what made the static cache 2.9x-4.5x faster (docs/preference.md). Turned back on
-    here; transformers still compiles only on an accelerator. The compiled forward reads the parameters
-    the optimizer updates in place, so each generation samples from the current policy."""
-
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        if self.args.cache_implementation == "static" and not self.use_vllm:
-            self.generation_config.disable_compile = False
-
-
-def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=None, rewards=None):
-    """`rewards`: (functions, weights) as planning.rewards.check resolved them."""
+def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks):
+    """`p.inputs`: (functions, weights) as the unit's prepare hook resolved them."""
     from trl import GRPOTrainer
 
-    from toolbox_train.planning import generation
-    from toolbox_train.planning.run import log
-
-    sampler, why = generation.pick(p.cfg, p.backend, p.gpu)
-    log(f"grpo.generation: {p.cfg.grpo.generation} -> {sampler} ({why})")
-    funcs, weights = rewards or (None, None)
+    funcs, weights = p.inputs or (None, None)
     return preference.trainer(p, GRPOTrainer, grpo_args(p, dist, weights), model, tok, peft_cfg, train_ds, eval_ds,
                               callbacks, mixins=(FiniteRewards, CompiledSampler),
                               reward_funcs=[f if isinstance(f, str) else guarded(i, f)  # a reward model's folder: TRL loads it

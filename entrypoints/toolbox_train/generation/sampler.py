@@ -1,10 +1,11 @@
-"""How GRPO generates its completions (`grpo.generation`): transformers' `generate` with its dynamic
-cache (TRL's default), the same with a static cache and compiled decoding (`transformers-static`:
-GRPOConfig.cache_implementation "static", the compile TRL turns off turned back on by
-objectives/grpo/trainer.py), transformers' continuous batching (`transformers-paged`: TRL's
+"""How an objective that generates samples its completions (its section's `generation`): transformers'
+`generate` with its dynamic cache (TRL's default), the same with a static cache and compiled decoding
+(`transformers-static`: the config's cache_implementation "static", the compile TRL turns off turned back
+on by generation/trainer.py), transformers' continuous batching (`transformers-paged`: TRL's
 `use_transformers_continuous_batching`), or TRL's vLLM colocate mode (`use_vllm`, `vllm_mode:
-colocate`: a vLLM engine in the training process, its share of memory `grpo.vllm_gpu_memory_utilization`).
-`auto` picks the fastest this machine runs (`pick`), measured on an H100 (docs/preference.md).
+colocate`: a vLLM engine in the training process, its share of memory `vllm_gpu_memory_utilization`).
+`auto` picks the fastest this machine runs (`pick`), measured on an H100 (docs/preference.md); the
+pick is made once, when the run is resolved (`extras`), and every later step reads it there.
 
 vLLM's PyPI wheels are CUDA builds, each pinned to one torch (vLLM 0.31.0 and 0.32.0: torch==2.13.0,
 the cuda stack's; 0.33.0 and 0.34.0: torch==2.14.0); TRL 1.15 declares vLLM 0.21.0-0.31.0 supported
@@ -14,10 +15,37 @@ before the model loads, so a missing or mismatched vLLM is exit 2 and not a cras
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from importlib.metadata import PackageNotFoundError, requires, version
+from typing import Literal
+
+from pydantic import Field
+
+from toolbox_train.contract import UserError
 
 VLLM_FOR_TRL = "0.31.0"  # the newest vLLM TRL 1.15 declares supported; the `vllm` extra pins it
+MODES = ("auto", "transformers", "transformers-static", "transformers-paged", "vllm-colocate")
+Mode = Literal[MODES]  # type: ignore[valid-type]
+
+
+def mode_field():
+    """The section's `generation` field (each unit that generates declares it, in its own order)."""
+    return Field("auto", description="auto (the fastest sampler this machine runs), transformers (generate, dynamic "
+                                     "cache), transformers-static (static cache, compiled decoding), transformers-paged "
+                                     "(continuous batching), vllm-colocate (generation/sampler.py)")
+
+
+def memory_field():
+    """The section's `vllm_gpu_memory_utilization` field."""
+    return Field(None, gt=0, lt=1, description="vllm-colocate: the GPU memory share vLLM takes (TRL's default 0.3)")
+
+
+def fields_problem(section) -> str | None:
+    """What is wrong with the two fields together (the section's validator raises it), or None."""
+    if section.vllm_gpu_memory_utilization is not None and section.generation != "vllm-colocate":
+        return "vllm_gpu_memory_utilization belongs to generation: vllm-colocate"
+    return None
 
 
 def _torch_pin() -> str | None:
@@ -34,12 +62,13 @@ def _torch_pin() -> str | None:
     return None
 
 
-def refusal(cfg, backend: str, gpu: bool) -> str | None:
-    """Why `grpo.generation: vllm-colocate` cannot run here (one line naming the field), or None.
-    The installed packages first (what an image fixes), then the machine."""
-    if cfg.objective != "grpo" or cfg.grpo.generation != "vllm-colocate":
+def refusal(section, field: str, backend: str, gpu: bool) -> str | None:
+    """Why `<field>: vllm-colocate` cannot run here (one line naming the field), or None. `field`: where
+    the section's generation is written (`grpo.generation`). The installed packages first (what an image
+    fixes), then the machine."""
+    if section.generation != "vllm-colocate":
         return None
-    field = "grpo.generation: vllm-colocate"
+    field = f"{field}: vllm-colocate"
     try:
         have = version("vllm")
     except PackageNotFoundError:
@@ -55,7 +84,7 @@ def refusal(cfg, backend: str, gpu: bool) -> str | None:
                 f"release built for this torch (vLLM 0.31.0 and 0.32.0 pin torch 2.13.0, the cuda stack's) "
                 f"or use generation: transformers")
     if backend == "unsloth":
-        # Unsloth's patched GRPOTrainer takes the vLLM engine of a model loaded with fast_inference,
+        # Unsloth's patched trainers take the vLLM engine of a model loaded with fast_inference,
         # which finetune does not load; TRL's own colocate mode runs on the hf backend
         return f"{field} runs TRL's colocate mode on backend hf (backend: auto picks it); backend is unsloth"
     if not gpu:
@@ -74,17 +103,17 @@ def refusal(cfg, backend: str, gpu: bool) -> str | None:
     return None
 
 
-def pick(cfg, backend: str, gpu: bool) -> tuple[str, str]:
-    """The sampler a GRPO run uses, and why: `grpo.generation` as set, or what `auto` resolves to.
+def pick(section, backend: str, gpu: bool) -> tuple[str, str]:
+    """The sampler a run uses, and why: the section's `generation` as set, or what `auto` resolves to.
     `gpu`: the run (or the machine planned for) trains on a GPU."""
-    g = cfg.grpo.generation
+    g = section.generation
     if g != "auto":
         return g, "set in the config"
     if backend == "unsloth":
         # Unsloth's patched trainer generates with its own cache (it passes cache_implementation to generate
         # itself): 2.11 s a step vs 2.05 with the static cache on top, one row each (H100, 2026-12-06,
         # docs/bench/2026-12-06-h100/grpo-unsloth-2/): no compile to wait for, for no measured gain
-        return "transformers", ("auto: backend unsloth, its own generation (H100, 2026-12-06: 2.11 s a GRPO step, "
+        return "transformers", ("auto: backend unsloth, its own generation (H100, 2026-12-06: 2.11 s a step, "
                                 "4.4x TRL's default path on hf)")
     if not gpu:
         # transformers compiles decoding only on an accelerator (generate's _valid_auto_compile_criteria):
@@ -94,21 +123,21 @@ def pick(cfg, backend: str, gpu: bool) -> tuple[str, str]:
                                    "dynamic cache on llama-1b, 4.5x on qwen3-0.6b)")
 
 
-def trl_kwargs(g, picked: str | None = None) -> dict:
-    """GRPOConfig's generation arguments for the `grpo` section `g` (`picked`: what `auto` resolved to)."""
-    picked = picked or g.generation
-    if picked == "auto":
-        raise ValueError("grpo.generation: auto must be resolved with pick() first")
-    if picked == "transformers":
-        return {"use_vllm": False}
-    if picked == "transformers-static":
-        return {"use_vllm": False, "cache_implementation": "static"}
-    if picked == "transformers-paged":
-        return {"use_vllm": False, "use_transformers_continuous_batching": True}
-    kw = {"use_vllm": True, "vllm_mode": "colocate"}
-    if g.vllm_gpu_memory_utilization is not None:
-        kw["vllm_gpu_memory_utilization"] = g.vllm_gpu_memory_utilization
-    return kw
+def resolve(section, field: str, backend: str, gpu: bool, modes: tuple[str, ...] = MODES) -> dict:
+    """The unit's resolve: the sampler picked once, and why (`extras` of the resolved run: `sampler`,
+    `sampler_why`). `modes`: the samplers the unit's TRL trainer has (a mode it lacks is refused)."""
+    if section.generation not in modes:
+        raise UserError(f"{field}: {section.generation} is not a sampler this objective's trainer has "
+                        f"({', '.join(modes)})")
+    sampler, why = pick(section, backend, gpu)
+    return {"sampler": sampler, "sampler_why": why}
+
+
+def prepare(section, field: str, backend: str, gpu: bool) -> None:
+    """The unit's prepare: the sampler can run here (vLLM installed and matching), else UserError."""
+    why = refusal(section, field, backend, gpu)
+    if why:
+        raise UserError(why)
 
 
 def kv_cache_bytes(shape, sequences: int, tokens: int, dtype_bytes: int) -> float:
@@ -117,18 +146,17 @@ def kv_cache_bytes(shape, sequences: int, tokens: int, dtype_bytes: int) -> floa
     return float(sequences * tokens * shape.layers * shape.kv_heads * shape.head_dim * 2 * dtype_bytes)
 
 
-def with_sampler(cfg, st, shape, backend: str, gpu: bool, world: int) -> tuple:
-    """GRPO: the KV cache of the completions each device generates at once (TRL's generation batch:
-    per_device_batch_size x steps_per_generation, the groups included), each prompt + completion long."""
-    import dataclasses
-
-    sampler, why = pick(cfg, backend, gpu)
-    said = f"{sampler} ({why})"
+def memory(cfg, extras: dict, st, shape, world: int, completion_tokens: int, per_generation: int | None) -> tuple:
+    """The unit's memory: the KV cache of the completions each device generates at once (TRL's generation
+    batch: per_device_batch_size x `per_generation` (None: the accumulation), each prompt + completion
+    long), and the banner's note of the sampler."""
+    sampler = extras["sampler"]
+    said = f"sampler {sampler} ({extras['sampler_why']})"
     if sampler == "vllm-colocate":  # vLLM's own share of memory, not a cache the planner sizes
         return st, said
-    t, g = cfg.train, cfg.grpo
+    t = cfg.train
     accum = t.batch_size // (world * st.batch) if t.batch_size else t.gradient_accumulation_steps
-    seqs = st.batch * (g.steps_per_generation or max(1, accum))
-    kv = kv_cache_bytes(shape, seqs, cfg.data.max_seq_length + g.max_completion_length,
+    seqs = st.batch * (per_generation or max(1, accum))
+    kv = kv_cache_bytes(shape, seqs, cfg.data.max_seq_length + completion_tokens,
                         4 if st.precision == "fp32" else 2)
     return dataclasses.replace(st, sampler_kv=kv, sampler_kv_resident=sampler == "transformers-static"), said
