@@ -134,7 +134,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         text_tok.pad_token = text_tok.eos_token
 
     summary: dict[str, Any] = {"output_dir": str(p.out)}
-    callbacks = [Metrics(p.out / METRICS, summary), *callbacks]
+    callbacks = [Metrics(p.out / METRICS, summary, p.objective.metrics), *callbacks]
     trainer = registry.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks)
     args = trainer.args
     if args.save_on_each_node:

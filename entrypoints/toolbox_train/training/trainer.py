@@ -43,8 +43,8 @@ def peak_mem_gib() -> float:
 class Metrics(TrainerCallback):
     """One JSON line per logged optimizer step (rank 0) into metrics.jsonl, plus what the summary needs."""
 
-    def __init__(self, path: Path, summary: dict):
-        self.path, self.summary = path, summary
+    def __init__(self, path: Path, summary: dict, keep: tuple[str, ...] = OBJECTIVE_METRICS):
+        self.path, self.summary, self.keep = path, summary, keep  # keep: the objective's own metrics (TRL's names)
         # Test hook: an interruption after step k (the checkpoint of step k is still written).
         self.stop_after = int(os.environ.get("TOOLBOX_STOP_AFTER_STEP", "0") or 0)
         self.t0 = self.t_last = None
@@ -70,7 +70,7 @@ class Metrics(TrainerCallback):
         }
         if "grad_norm" in logs:
             row["grad_norm"] = float(logs["grad_norm"])
-        for k in OBJECTIVE_METRICS:  # the preference objectives' own (TRL's names)
+        for k in self.keep:
             if isinstance(logs.get(k), (int, float)):
                 row[k] = float(logs[k])
         self.t_last, self.tok_last = now, tokens
