@@ -10,6 +10,8 @@ import ast
 import re
 import shutil
 import typing
+
+import pytest
 from pathlib import Path
 
 from toolbox_train.units import registry
@@ -135,3 +137,25 @@ def test_a_named_objective_is_found(tmp_path):
                    '    return cfg.grpo.beta, "see reward.center_rewards_coefficient"\n')
     assert sorted(names_outside(copy, registry.REGISTRY)) == [f"planning/memory.py:{n + 6} grpo",
                                                                f"planning/memory.py:{n + 6} reward"]
+
+
+def test_a_unit_is_found_by_its_folder_alone(tmp_path, monkeypatch):
+    # The registry walks the package: a folder with a UNIT is an objective, with no list to add it to; a
+    # UNIT named otherwise than its folder, or no default, is refused when the package is read.
+    import sys
+
+    pkg = tmp_path / "someunits"
+    for name, default in (("beta", False), ("alpha", False), ("zeta", True)):
+        (pkg / name).mkdir(parents=True)
+        (pkg / name / "__init__.py").write_text(
+            "from toolbox_train.units.objective import Objective\n"
+            f"UNIT = Objective({name!r}, 'a test unit', default={default})\n")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "notes.py").write_text("")  # a module, not a unit
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert list(registry.found("someunits")) == ["zeta", "alpha", "beta"]
+    (pkg / "alpha" / "__init__.py").write_text((pkg / "alpha" / "__init__.py").read_text().replace("'alpha'", "'gamma'"))
+    for m in [m for m in sys.modules if m.startswith("someunits")]:
+        monkeypatch.delitem(sys.modules, m)
+    with pytest.raises(ImportError, match="someunits.alpha: its UNIT is named 'gamma'"):
+        registry.found("someunits")

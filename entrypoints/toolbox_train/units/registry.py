@@ -19,20 +19,21 @@ from toolbox_train.units.objective import Objective
 PACKAGE = "toolbox_train.objectives"
 
 
-def _found() -> dict[str, Objective]:
-    spec = importlib.util.find_spec(PACKAGE)
+def found(package: str = PACKAGE) -> dict[str, Objective]:
+    """{name: unit} of each subpackage of `package`, the default first, then by name."""
+    spec = importlib.util.find_spec(package)
     names = sorted(m.name for m in pkgutil.iter_modules(spec.submodule_search_locations) if m.ispkg)
-    units = [importlib.import_module(f"{PACKAGE}.{n}").UNIT for n in names]
+    units = [importlib.import_module(f"{package}.{n}").UNIT for n in names]
     for n, u in zip(names, units):
         if u.name != n:
-            raise ImportError(f"{PACKAGE}.{n}: its UNIT is named {u.name!r}, not its folder's name")
+            raise ImportError(f"{package}.{n}: its UNIT is named {u.name!r}, not its folder's name")
     defaults = [u for u in units if u.default]
     if len(defaults) != 1:
-        raise ImportError(f"{PACKAGE}: {len(defaults)} units say default=True; one must")
+        raise ImportError(f"{package}: {len(defaults)} units say default=True; one must")
     return {u.name: u for u in sorted(units, key=lambda u: not u.default)}  # the default first, then by name
 
 
-REGISTRY: dict[str, Objective] = _found()
+REGISTRY: dict[str, Objective] = found()
 DEFAULT = next(iter(REGISTRY))
 
 
