@@ -171,7 +171,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
 
 def summarize(p: ResolvedRun, trainer, summary: dict) -> dict:
     """The end-of-run summary (returned, printed by main, summary.json on rank 0)."""
-    from toolbox_train.training.trainer import eval_history, peak_mem_gib, weights_digest
+    from toolbox_train.training.trainer import eval_history, objective_span, peak_mem_gib, weights_digest
 
     if trainer.accelerator.num_processes > 1 and not trainer.is_fsdp_enabled:
         # Every rank must end with the same weights (DDP, or LocalSGD after its last average).
@@ -186,9 +186,8 @@ def summarize(p: ResolvedRun, trainer, summary: dict) -> dict:
             if (p.out / METRICS).exists() else []
         if rows:  # the whole run's, a resumed one included
             summary["first_loss"], summary["last_loss"] = rows[0]["loss"], rows[-1]["loss"]
-            if p.objective.metrics:  # e.g. DPO's rewards/accuracies, GRPO's mean reward
-                summary["objective"] = {"name": p.objective.name, **{
-                    k: {"first": rows[0][k], "last": rows[-1][k]} for k in p.objective.metrics if k in rows[-1]}}
+            if p.objective.metrics:  # every one metrics.jsonl kept: DPO's rewards/accuracies, GRPO's reward and kl
+                summary["objective"] = {"name": p.objective.name, **objective_span(rows, p.objective.metrics)}
     summary.setdefault("first_loss", None)
     summary.setdefault("last_loss", None)
     if trainer.is_world_process_zero():

@@ -80,7 +80,9 @@ class Objective:
     unsloth: bool = True  # backend unsloth can run it
     head: str = "causal-lm"  # the model class (HEADS): causal-lm, or sequence-classification (one label: a score)
     describe: Callable[[dict], dict] = lambda section: section  # its section as the banner line shows it
-    metrics: tuple[str, ...] = ()  # what its TRL trainer logs that metrics.jsonl and the summary keep (TRL's names)
+    # what its TRL trainer logs that metrics.jsonl and the summary keep (TRL's names; `tools/*`: a family,
+    # for metrics TRL names after the run's functions; training/trainer.py's Metrics matches them)
+    metrics: tuple[str, ...] = ()
     default: bool = False  # `objective:` when the config names none (one unit)
     # the hooks (module docstring); None: the unit has nothing to add there
     resolve: Callable[[Context], dict] | None = None
