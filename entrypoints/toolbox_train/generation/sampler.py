@@ -140,6 +140,17 @@ def prepare(section, field: str, backend: str, gpu: bool) -> None:
         raise UserError(why)
 
 
+def check_groups(section, where: str, per_device: int, grad_accum: int, world_size: int) -> None:
+    """TRL's generation batch (per_device_batch_size x steps_per_generation, else x the accumulation, x
+    ranks) holds whole groups of the section's `num_generations`; UserError naming `<where>.num_generations`."""
+    spg = section.steps_per_generation
+    batch = per_device * (spg or grad_accum) * world_size
+    if batch % section.num_generations:
+        steps = f"{where}.steps_per_generation" if spg else "accumulation"
+        raise UserError(f"{where}.num_generations: {section.num_generations} completions per prompt must divide the "
+                        f"global batch of completions ({batch}: per_device_batch_size x {steps} x ranks)")
+
+
 def kv_cache_bytes(shape, sequences: int, tokens: int, dtype_bytes: int) -> float:
     """The sampler's KV cache: `sequences` completions of `tokens` positions each (prompt + completion;
     a static cache allocates the whole length up front), K and V in every layer."""

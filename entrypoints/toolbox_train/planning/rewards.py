@@ -154,7 +154,7 @@ def _problem(out, n: int) -> str | None:
     return None
 
 
-def trial(rewards, funcs, ds, tok, field: str, where: str) -> None:
+def trial(rewards, funcs, ds, tok, field: str, where: str, extra=None) -> None:
     """Each reward function called as TRL's GRPOTrainer calls it (_calculate_rewards: prompts,
     completions, completion_ids, the data's other columns, trainer_state, log_extra, log_metric), on
     the first rows of `ds` with stand-in completions; UserError naming the function (`where`: the
@@ -167,6 +167,8 @@ def trial(rewards, funcs, ds, tok, field: str, where: str) -> None:
     kw = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion", "completion_ids")}
     kw.update(completion_ids=[tok(_text(c), add_special_tokens=False)["input_ids"] for c in completions],
               trainer_state=TrainerState(), log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
+    if extra is not None:  # what the trainer passes besides (an environment per rollout: extra(rows))
+        kw.update(extra(rows))
     how = (f"(called before the model loads on {len(rows)} rows of {field}, each prompt's own text standing in "
            "for its completion)")
     for i, (r, fn) in enumerate(zip(rewards, funcs)):
@@ -184,10 +186,10 @@ def trial(rewards, funcs, ds, tok, field: str, where: str) -> None:
             raise UserError(f"{name}: {why} {how}")
 
 
-def load(rewards, base: Path, where: str, tok=None, sets=()) -> tuple[list, list[float]]:
+def load(rewards, base: Path, where: str, tok=None, sets=(), extra=None) -> tuple[list, list[float]]:
     """(functions, weights) of the entries `rewards` (written at `where`), each resolved once; with `tok`
     and `sets` ((dataset, field), ...) each function called on a few rows of each (`trial`)."""
     funcs, weights = resolve(rewards, base, where)
     for ds, field in sets:
-        trial(rewards, funcs, ds, tok, field, where)
+        trial(rewards, funcs, ds, tok, field, where, extra)
     return funcs, weights

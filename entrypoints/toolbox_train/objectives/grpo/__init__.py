@@ -8,13 +8,13 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolbox_train.generation import sampler
 from toolbox_train.objectives.grpo import hooks
+from toolbox_train.planning.reward_config import RewardCfg
 from toolbox_train.units.objective import Objective, policy_reference
 
-BUILTIN_REWARDS = ("format", "length")
 # TRL 1.15's GRPO loss types (GRPOConfig.loss_type; its default dapo)
 GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 
@@ -23,51 +23,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
 
 
-class RewardCfg(_Strict):
-    function: str | None = Field(None, description="format, length, or module:function (a module.py beside the "
-                                 "config, or an installed module)")
-    model: str | None = Field(None, description="or a reward model: a folder of a sequence-classification model with "
-                              "one label (a run that trained a reward model), its score of prompt + completion")
-    weight: float = 1.0
-    pattern: str | None = Field(None, description="format: a regex the completion must contain (re.search)")
-    max_chars: int | None = Field(None, gt=0, description="length: completions longer than this are penalized")
-
-    @field_validator("pattern")
-    @classmethod
-    def _regex(cls, v):
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"not a regular expression: {exc}") from None
-        return v
-
-    @model_validator(mode="after")
-    def _shape(self):
-        f = self.function
-        if (f is None) == (self.model is None):
-            raise ValueError("give function or model (one of them)")
-        if self.model is not None:
-            if self.pattern is not None or self.max_chars is not None:
-                raise ValueError("pattern belongs to the format reward, max_chars to the length reward")
-            return self
-        if f == "format" and self.pattern is None:
-            raise ValueError("the format reward needs `pattern`")
-        if f == "length" and self.max_chars is None:
-            raise ValueError("the length reward needs `max_chars`")
-        if f not in BUILTIN_REWARDS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", f):
-            raise ValueError(f"{f!r}: expected format, length or module:function")
-        if (f != "format" and self.pattern is not None) or (f != "length" and self.max_chars is not None):
-            raise ValueError("pattern belongs to the format reward, max_chars to the length reward")
-        return self
-
-
 class GrpoCfg(_Strict):
     num_generations: int = Field(4, ge=2, description="completions sampled per prompt (the group)")
     max_completion_length: int = Field(128, gt=0, description="tokens generated per completion")
     temperature: float = Field(1.0, gt=0)
     beta: float = Field(0.0, ge=0, description="KL weight; > 0 needs the reference model")
     rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")
+    # Agents (TRL 1.15's GRPOTrainer `tools`, `environment_factory`; planning/tools.py checks them)
+    tools: list[str] = Field(default_factory=list, description="module:function, each a tool the model may call "
+                             "while it generates (typed arguments, a docstring with an Args: line for each)")
+    environment: str | None = Field(None, description="module:Class, one instance per rollout: reset(**row), "
+                                    "its public methods the model's tools, optionally get_reward()")
+    max_tool_calling_iterations: int | None = Field(None, ge=1, description="tool-calling turns per completion "
+                                                    "at most (TRL's name; default: until a turn calls no tool)")
     generation: sampler.Mode = sampler.mode_field()  # the generation unit's fields (generation/sampler.py)
     vllm_gpu_memory_utilization: float | None = sampler.memory_field()
     # TRL 1.15's GRPOConfig, its names and defaults
@@ -89,6 +57,11 @@ class GrpoCfg(_Strict):
         why = sampler.fields_problem(self)
         if why:
             raise ValueError(why)
+        for entry in (*self.tools, self.environment or "m:C"):
+            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", entry):
+                raise ValueError(f"{entry!r}: expected module:name (a module.py beside the config, or installed)")
+        if self.max_tool_calling_iterations is not None and not (self.tools or self.environment):
+            raise ValueError("max_tool_calling_iterations belongs to tools or an environment")
         lt, level, hi = self.loss_type, self.importance_sampling_level, self.epsilon_high
         if lt == "cispo":
             if hi is None or hi <= 1:
@@ -112,6 +85,11 @@ def _reference(cfg) -> str:
 
 
 def _describe(s: dict) -> dict:
+    for k in ("tools", "environment", "max_tool_calling_iterations"):
+        if not s.get(k):
+            s.pop(k, None)
+    if s.get("tools"):
+        s["tools"] = "+".join(s["tools"])
     s["rewards"] = "+".join(r["function"] or r["model"] if r["weight"] == 1 else
                             f"{r['weight']}*{r['function'] or r['model']}" for r in s["rewards"])
     return s
@@ -119,7 +97,9 @@ def _describe(s: dict) -> dict:
 
 UNIT = Objective("grpo", "completions sampled per prompt and scored by rewards; the group's advantages",
                  section=GrpoCfg, data_format="prompt", reference=_reference, describe=_describe,
-                 metrics=("reward", "reward_std"), resolve=hooks.resolve, memory=hooks.memory, prepare=hooks.prepare,
+                 # TRL 1.15's names; kl only with beta > 0, tools/* only with tools (turns, calls, failures: trainer.py)
+                 metrics=("reward", "reward_std", "kl", "entropy", "frac_reward_zero_std", "rewards/*", "tools/*",
+                          "completions/mean_length", "clip_ratio/*"), resolve=hooks.resolve, memory=hooks.memory, prepare=hooks.prepare,
                  # its loss reads each prompt with its completion (max_seq_length bounds the prompt alone)
                  extra_tokens=lambda cfg: cfg.grpo.max_completion_length,
                  # Measured (H100, llama-1b LoRA, docs/bench/2026-12-06-h100/grpo-unsloth-2/): Unsloth's own
