@@ -275,6 +275,15 @@ def test_rocm_to_the_next_10_x_line_writes_its_own_stack_tls(repo, stack_copy, t
     (www / "pytorch" / "whl-next" / "torchaudio" / f"torchaudio-2.14.0+rocm10.1.0-cp313-cp313-{LINUX}.whl").unlink()
     stack_copy.write_text(stack_copy.read_text().replace("index_url: https://stable.repo.amd.com/rocm/whl-next/",
                                                          f"index_url: {repo}/whl-next/"))
+    # bitsandbytes' repository with the tag of the version 10.0 takes from PyPI
+    bnb = tmp_path / "bnb"
+    bnb.mkdir()
+    for cmd in (["init", "-q", "-b", "main"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                                               "--allow-empty", "-m", "0.50.2"], ["tag", "0.50.2"]):
+        subprocess.run(["git", *cmd], cwd=bnb, check=True, capture_output=True)
+    tagged = subprocess.run(["git", "rev-parse", "HEAD"], cwd=bnb, check=True, capture_output=True, text=True).stdout.strip()
+    stack_copy.write_text(stack_copy.read_text().replace("  source: pypi\n  commit: null\n",
+                                                         f"  source: pypi\n  repo: file://{bnb}\n  commit: null\n"))
     before = stack_copy.read_text()
     changes = bump("rocm", str(stack_copy), "10.1", index_url=f"{repo}/core/tarball/")
     assert stack_copy.read_text() == before  # the 10.0 stack stays as it is
@@ -302,10 +311,14 @@ def test_rocm_to_the_next_10_x_line_writes_its_own_stack_tls(repo, stack_copy, t
     from toolbox.components.bitsandbytes import rocm_library
 
     assert rocm_library(s) == "libbitsandbytes_rocm716.so"  # what the image build checks bitsandbytes loads
+    # 10.0's PyPI wheel is for HIP 7.15: on 7.16 bitsandbytes is built from the tag of its version
+    b = s.model.bitsandbytes
+    assert (b.source, b.commit, b.version, changes["bitsandbytes.commit"]) == ("git", tagged, "0.50.2", tagged)
     from toolbox.rendering import render_dockerfile
 
     text = render_dockerfile(s)  # it renders: RCCL at that commit, torch from the index (first use)
     assert f"git-fetch.sh https://github.com/ROCm/rocm-systems {commit}" in text
     assert "torch[device-gfx1151]==2.14.0+rocm10.1.0" in text and "bnb-check.py --hip 7.16" in text
+    assert f"git-fetch.sh file://{bnb} {tagged} /src/bitsandbytes" in text and "-DBNB_ROCM_ARCH=\"gfx1151\"" in text
     with pytest.raises(UserError, match="exists already"):
         bump("rocm", str(stack_copy), "10.1", index_url=f"{repo}/core/tarball/")

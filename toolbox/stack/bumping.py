@@ -21,7 +21,8 @@
   `--to 10.1` on a stack of ROCm 10.0 (each 10.x minor is a torch line of its own) writes a new
   stack beside it (gfx1151-rocm10.1) extending it, from that release's own files
   (new_line: each file hashed, the whole set the old stack pins at the new
-  line's files in the whl-next/<name>/<file> form; rocm-bootstrap and setuptools keep their pins).
+  line's files in the whl-next/<name>/<file> form; rocm-bootstrap and setuptools keep their pins;
+  a PyPI bitsandbytes becomes a build from its release tag where the new line's HIP differs).
 - rccl, bitsandbytes, unsloth, unsloth_zoo, therock: a git ref (--to TAG|BRANCH, default the
   remote's HEAD) resolved to its 40-hex commit with `git ls-remote`; bitsandbytes --to X.Y.Z (a
   release tag) writes that version too, which the wheel built from the tag carries.
@@ -369,7 +370,15 @@ def new_line(path: Path, stack, version: str, url: str) -> dict[str, object]:
     lines += ["rccl:", f"  commit: {commit}"] if stack.model.rccl is not None else []
     lines += ["torch:"] + [f"  {k.split('.', 1)[1]}: {q(v)}" for k, v in torch.items()]
     lines += ["  wheels:"] + [f"    {n}: {ref}" for n, ref in wheels.items()] if wheels else []
+    b, built = stack.model.bitsandbytes, {}
+    if b is not None and b.source == "pypi" and hip and hip != stack.model.rocm.hip:
+        # A released wheel has libraries for the HIPs it was built against, and a fallback to
+        # another HIP's was seen crashing: the new HIP gets its own build, from the release's tag.
+        built = {"bitsandbytes.commit": resolve_git(b.repo, b.version)}
+        lines += ["bitsandbytes:", f"  # built for HIP {hip} from tag {b.version} ({parent}'s wheel is for HIP {stack.model.rocm.hip})",
+                  "  source: git", f"  repo: {b.repo}", f"  commit: {built['bitsandbytes.commit']}",
+                  f"  version: {q(b.version)}", "  wheel_sha256: null"]
     text = "\n".join(lines) + "\n"
     _write_checked(out, text)
     return {"stack": str(out), "rocm.version": version, "rocm.tarball.sha256": sha, "rocm.hip_version": hip,
-            "rccl.commit": commit, **torch}
+            "rccl.commit": commit, **torch, **built}
