@@ -22,6 +22,21 @@ for p in (str(TESTS), str(ROOT / "entrypoints")):
 # stack built once, podman), podman_socket, dockerd, test_user (rootless podman, distrobox, toolbx).
 from helpers.image_fixtures import base_image, cpu_image, dockerd, podman_socket, test_user  # noqa: E402,F401
 
+# The fixtures that build or run container images: a test using any of them (directly or through
+# another fixture) is marked `image`; `make test-fast` (-m "not image") leaves those out.
+IMAGE_FIXTURES = {"base_image", "cpu_image", "dockerd", "podman_socket", "test_user"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "image: builds or runs a container image (make test-fast leaves it out)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if IMAGE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.image)
+
+
 # Nothing in the suite may reach a hub; fail fast instead of hanging on the closed network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

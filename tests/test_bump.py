@@ -107,8 +107,10 @@ def test_bump_git_ref_to_commit(tmp_path, stack_copy):
     text = stack_copy.read_text().replace("https://github.com/bitsandbytes-foundation/bitsandbytes", f"file://{repo}")
     stack_copy.write_text(text)
     assert bump("bitsandbytes", str(stack_copy), "0.51.0")["bitsandbytes.commit"] == tagged
-    assert load_stack(str(stack_copy)).model.bitsandbytes.commit == tagged
+    b = load_stack(str(stack_copy)).model.bitsandbytes
+    assert (b.commit, b.version) == (tagged, "0.51.0")  # a release tag: the wheel built from it is 0.51.0
     assert bump("bitsandbytes", str(stack_copy), "latest")["bitsandbytes.commit"] == head
+    assert load_stack(str(stack_copy)).model.bitsandbytes.version == "0.51.0"  # a branch says no version
     with pytest.raises(UserError, match="no such ref"):
         bump("bitsandbytes", str(stack_copy), "no-such-branch")
 

@@ -40,8 +40,16 @@ PYTORCH = {
                    "torchaudio-2.14.0+rocm10.1.0-cp313-cp313-" + LINUX],
     "amd-torch-device-gfx1151": ["amd_torch_device_gfx1151-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX,
                                  "amd_torch_device_gfx1151-2.13.0+rocm7.15.0a20260728-cp313-cp313-" + LINUX],
+    # the rest of 10.0.0's coupled set, as gfx1151-rocm10.0 pins it
+    "amd-torch-device-gfx115x": ["amd_torch_device_gfx115x-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX],
+    "amd-torchvision-device-gfx1151": ["amd_torchvision_device_gfx1151-0.28.0+rocm10.0.0-cp313-cp313-" + LINUX],
+    "triton": ["triton-3.8.0+git4cff872c.rocm10.0.0-cp313-cp313-" + LINUX,
+               "triton-3.8.0+git1d2e3f4a.rocm7.15.0a20260728-cp313-cp313-" + LINUX],
 }
-CORE = {"rocm-sdk-device-gfx1151": ["rocm_sdk_device_gfx1151-10.0.0-py3-none-" + LINUX]}
+CORE = {"rocm-sdk-device-gfx1151": ["rocm_sdk_device_gfx1151-10.0.0-py3-none-" + LINUX],
+        "rocm-sdk-core": ["rocm_sdk_core-10.0.0-py3-none-" + LINUX],
+        "rocm-sdk-libraries": ["rocm_sdk_libraries-10.0.0-py3-none-" + LINUX],
+        "rocm": ["rocm-10.0.0.tar.gz"]}
 
 
 class Repo(Quiet):
@@ -75,7 +83,7 @@ def repo(tmp_path, request, monkeypatch):
             d = www / "rocm" / where / "whl-next" / project
             d.mkdir(parents=True)
             for f in files:
-                (d / f"{f}.whl").write_bytes(f"wheel {f}".encode())
+                (d / (f if f.endswith(".tar.gz") else f"{f}.whl")).write_bytes(f"wheel {f}".encode())
     with serve_folder(www, Repo, tls) as url:
         yield f"{url}/rocm"
 
@@ -108,41 +116,90 @@ def test_rocm_bump_does_not_cross_rocm_lines_alone(repo, tmp_path):
     assert p.read_text() == before
 
 
-def test_torch_through_the_whl_next_redirect_never_takes_a_7x_wheel(repo, stack_copy):
+def test_torch_through_the_whl_next_redirect_never_takes_a_7x_wheel_tls(repo, stack_copy):
     before = stack_copy.read_text()
     changes = bump("torch", str(stack_copy), None, index_url=f"{repo}/whl-next/")
     assert changes["torch.torch"] == "2.13.0+rocm10.0.0"  # not 2.14.0+rocm7.15..., not +rocm10.1.0
     assert changes["torch.torchvision"] == "0.28.0+rocm10.0.0"
     assert changes["torch.torchaudio"] == "2.11.0.2+rocm10.0.0"  # ROCm 10.0 pairs 2.13.0 with 2.11.0.2
-    # torch.wheels re-pinned to the redirect's target files (cp313, the stack's Python), hashed.
-    name = "torch-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX + ".whl"
-    want = f"{repo}/pytorch/whl-next/torch/{name.replace('+', '%2B')}#sha256=" + hashlib.sha256(
-        f"wheel {name[:-4]}".encode()).hexdigest()
-    assert changes["torch.wheels.torch"] == want
+    # torch.wheels re-pinned, the whole coupled set, each in the whl-next/<name>/<file> form the
+    # stack names (not where whl-next/ redirects), for cp313 (the stack's Python), hashed.
     s = load_stack(str(stack_copy))
-    assert s.model.torch.wheels["torch"] == want and s.model.torch.torch == "2.13.0+rocm10.0.0"
-    assert all("rocm7" not in v for v in s.model.torch.wheels.values())
+    for project, files in (*PYTORCH.items(), *CORE.items()):
+        file = next(f for f in files if "rocm10.0.0" in f or f.endswith("-10.0.0-py3-none-" + LINUX)
+                    or f == "rocm-10.0.0.tar.gz")
+        if project == "torch":
+            file = "torch-2.13.0+rocm10.0.0-cp313-cp313-" + LINUX
+        name = file if file.endswith(".tar.gz") else f"{file}.whl"
+        want = f"{repo}/whl-next/{project}/{name.replace('+', '%2B')}#sha256=" + hashlib.sha256(
+            f"wheel {file}".encode()).hexdigest()
+        assert changes[f"torch.wheels.{project}"] == want and s.model.torch.wheels[project] == want, project
+    assert s.model.torch.torch == "2.13.0+rocm10.0.0"
+    assert all("rocm7" not in v and "/pytorch/" not in v and "/core/" not in v for v in s.model.torch.wheels.values())
+    # rocm-bootstrap and setuptools are not of the set: kept as they were
+    shipped = load_stack("gfx1151-rocm10.0").model.torch.wheels
+    assert [s.model.torch.wheels[n] for n in ("rocm-bootstrap", "setuptools")] == [
+        shipped[n] for n in ("rocm-bootstrap", "setuptools")]
     after = stack_copy.read_text()
     assert after.count("\n") == before.count("\n") and "# wheels: the cp313 Linux files" in after
 
 
+NEWER = {"torch": "torch-2.13.1+rocm10.0.0-cp313-cp313-",
+         "amd-torch-device-gfx1151": "amd_torch_device_gfx1151-2.13.1+rocm10.0.0-cp313-cp313-",
+         "amd-torch-device-gfx115x": "amd_torch_device_gfx115x-2.13.1+rocm10.0.0-cp313-cp313-",
+         "triton": "triton-3.8.1+git5a6b7c8d.rocm10.0.0-cp313-cp313-"}
+
+
 @pytest.fixture()
-def newer_torch(monkeypatch):
-    """torch 2.13.1+rocm10.0.0 (and its device wheel) on the index too."""
-    for project, f in (("torch", "torch-2.13.1+rocm10.0.0-cp313-cp313-"),
-                       ("amd-torch-device-gfx1151", "amd_torch_device_gfx1151-2.13.1+rocm10.0.0-cp313-cp313-")):
+def newer_torch(monkeypatch, request):
+    """torch 2.13.1+rocm10.0.0 on the index too, with its device wheels and a newer triton of the
+    line; `partial` in the test's name: without the family device wheel (gfx115x)."""
+    for project, f in NEWER.items():
+        if "partial" in request.node.name and project == "amd-torch-device-gfx115x":
+            continue
         monkeypatch.setitem(PYTORCH, project, [*PYTORCH[project], f + LINUX])
 
 
-def test_torch_bump_refuses_to_leave_the_coupled_wheel_pins_stale(newer_torch, repo, stack_copy):
-    # bump re-pins torch.wheels' torch/torchvision/torchaudio, not the wheels coupled to them
-    # (AMD's index publishes no sha256s, triton's build hash is not derived from torch's): a new
-    # torch contradicts its device wheel pin, so nothing is written and the field is named.
+def test_torch_bump_repins_the_whole_coupled_set_tls(newer_torch, repo, stack_copy):
+    changes = bump("torch", str(stack_copy), None, index_url=f"{repo}/whl-next/")
+    s = load_stack(str(stack_copy))
+    assert s.model.torch.torch == "2.13.1+rocm10.0.0"
+    for project, f in NEWER.items():
+        name = (f + LINUX + ".whl").replace("+", "%2B")
+        assert changes[f"torch.wheels.{project}"].startswith(f"{repo}/whl-next/{project}/{name}#sha256=")
+        assert s.model.torch.wheels[project] == changes[f"torch.wheels.{project}"]
+    # the rest of the set is of the same versions as before (torchvision 0.28.0 pairs 2.13.x): re-pinned to them
+    assert "amd_torchvision_device_gfx1151-0.28.0%2Brocm10.0.0" in s.model.torch.wheels["amd-torchvision-device-gfx1151"]
+    assert "/rocm-sdk-core/rocm_sdk_core-10.0.0-" in s.model.torch.wheels["rocm-sdk-core"]
+
+
+def test_torch_bump_refuses_a_partial_set_in_one_line_tls(newer_torch, repo, stack_copy):
+    """The index has torch 2.13.1 and its gfx1151 device wheel but not the family's (gfx115x):
+    writing the rest would leave a set pip cannot install from no index. Nothing is written."""
     before = stack_copy.read_text()
-    with pytest.raises(UserError, match=r"torch.wheels.amd-torch-device-gfx1151: the wheel is version "
-                                        r"2.13.0\+rocm10.0.0, not 2.13.1\+rocm10.0.0"):
+    with pytest.raises(UserError) as e:
         bump("torch", str(stack_copy), None, index_url=f"{repo}/whl-next/")
+    assert str(e.value) == (f"{stack_copy}: bump torch to 2.13.1+rocm10.0.0: {repo}/whl-next/ lacks "
+                            "amd-torch-device-gfx115x 2.13.1+rocm10.0.0 (for cp313): the coupled set would be "
+                            "partial; nothing written")
     assert stack_copy.read_text() == before
+    r = subprocess.run([sys.executable, "-m", "toolbox", "bump", "torch", "--stack", str(stack_copy),
+                        "--index-url", f"{repo}/whl-next/"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "lacks amd-torch-device-gfx115x" in r.stderr
+    assert stack_copy.read_text() == before
+
+
+def test_torch_bump_refuses_a_set_written_in_part(repo, tmp_path):
+    """A stack that extends gfx1151-rocm10.0 and writes only torch's own wheel: bump torch would
+    re-pin it and leave the inherited rest at the old version, so it names them and writes nothing."""
+    p = tmp_path / "mine.yaml"
+    torch_ref = load_stack("gfx1151-rocm10.0").model.torch.wheels["torch"]
+    p.write_text(f"extends: gfx1151-rocm10.0\nname: mine\ntorch:\n  wheels:\n    torch: {torch_ref}\n")
+    before = p.read_text()
+    with pytest.raises(UserError, match=r"torch.wheels: bump torch re-pins the whole coupled set, and torchvision, "
+                                        r"torchaudio, amd-torch-device-gfx1151, .* are not written in this file"):
+        bump("torch", str(p), None, index_url=f"{repo}/whl-next/")
+    assert p.read_text() == before
 
 
 def test_torch_to_2_14_finds_no_rocm10_0_build(repo, stack_copy):
@@ -151,7 +208,7 @@ def test_torch_to_2_14_finds_no_rocm10_0_build(repo, stack_copy):
         bump("torch", str(stack_copy), "2.14", index_url=f"{repo}/whl-next/")
 
 
-def test_cli_bump_torch_10x_is_written(repo, stack_copy):
+def test_cli_bump_torch_10x_is_written_tls(repo, stack_copy):
     r = subprocess.run([sys.executable, "-m", "toolbox", "bump", "torch", "--stack", str(stack_copy),
                         "--index-url", f"{repo}/whl-next/"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -218,6 +275,15 @@ def test_rocm_to_the_next_10_x_line_writes_its_own_stack_tls(repo, stack_copy, t
     (www / "pytorch" / "whl-next" / "torchaudio" / f"torchaudio-2.14.0+rocm10.1.0-cp313-cp313-{LINUX}.whl").unlink()
     stack_copy.write_text(stack_copy.read_text().replace("index_url: https://stable.repo.amd.com/rocm/whl-next/",
                                                          f"index_url: {repo}/whl-next/"))
+    # bitsandbytes' repository with the tag of the version 10.0 takes from PyPI
+    bnb = tmp_path / "bnb"
+    bnb.mkdir()
+    for cmd in (["init", "-q", "-b", "main"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                                               "--allow-empty", "-m", "0.50.2"], ["tag", "0.50.2"]):
+        subprocess.run(["git", *cmd], cwd=bnb, check=True, capture_output=True)
+    tagged = subprocess.run(["git", "rev-parse", "HEAD"], cwd=bnb, check=True, capture_output=True, text=True).stdout.strip()
+    stack_copy.write_text(stack_copy.read_text().replace("  source: pypi\n  commit: null\n",
+                                                         f"  source: pypi\n  repo: file://{bnb}\n  commit: null\n"))
     before = stack_copy.read_text()
     changes = bump("rocm", str(stack_copy), "10.1", index_url=f"{repo}/core/tarball/")
     assert stack_copy.read_text() == before  # the 10.0 stack stays as it is
@@ -245,10 +311,14 @@ def test_rocm_to_the_next_10_x_line_writes_its_own_stack_tls(repo, stack_copy, t
     from toolbox.components.bitsandbytes import rocm_library
 
     assert rocm_library(s) == "libbitsandbytes_rocm716.so"  # what the image build checks bitsandbytes loads
+    # 10.0's PyPI wheel is for HIP 7.15: on 7.16 bitsandbytes is built from the tag of its version
+    b = s.model.bitsandbytes
+    assert (b.source, b.commit, b.version, changes["bitsandbytes.commit"]) == ("git", tagged, "0.50.2", tagged)
     from toolbox.rendering import render_dockerfile
 
     text = render_dockerfile(s)  # it renders: RCCL at that commit, torch from the index (first use)
     assert f"git-fetch.sh https://github.com/ROCm/rocm-systems {commit}" in text
-    assert "torch[device-gfx1151]==2.14.0+rocm10.1.0" in text and 'hip == "7.16"' in text
+    assert "torch[device-gfx1151]==2.14.0+rocm10.1.0" in text and "bnb-check.py --hip 7.16" in text
+    assert f"git-fetch.sh file://{bnb} {tagged} /src/bitsandbytes" in text and "-DBNB_ROCM_ARCH=\"gfx1151\"" in text
     with pytest.raises(UserError, match="exists already"):
         bump("rocm", str(stack_copy), "10.1", index_url=f"{repo}/core/tarball/")

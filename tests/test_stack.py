@@ -30,9 +30,9 @@ def err(ref, overrides=()) -> str:
 
 def test_shipped_stacks_load():
     assert {"gfx1151", "gfx1151-rocm10.0", "cpu", "cuda"} <= set(stack_names())
-    g = load_stack()  # the default: ROCm 10.0.0, the newest stable release with verified pins
-    assert g.model.name == "gfx1151-rocm10.0" and g.model.platform == "rocm" and g.model.gpu_targets == ["gfx1151"]
-    assert g.model.rocm.version == "10.0.0" and g.model.torch.torch == "2.13.0+rocm10.0.0"
+    g = load_stack()  # the default: ROCm 10.1.0 (docs/stacks.md, "The default")
+    assert g.model.name == "gfx1151-rocm10.1" and g.model.platform == "rocm" and g.model.gpu_targets == ["gfx1151"]
+    assert g.model.rocm.version == "10.1.0" and g.model.torch.torch == "2.14.0+rocm10.1.0"
     assert g.base_image == "registry.fedoraproject.org/fedora:43"
     c = load_stack("cpu")
     assert c.model.platform == "cpu" and c.model.gpu_targets == [] and c.base_image == "docker.io/library/debian:bookworm-slim"

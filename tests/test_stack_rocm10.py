@@ -31,17 +31,22 @@ def rccl_stage(text: str) -> str:
     return stage[:stage.index("\nFROM ")]
 
 
-def test_rocm10_is_the_default_and_stacks_shows_its_verified_pins():
-    assert DEFAULT_STACK == "gfx1151-rocm10.0" and load_stack().model.name == "gfx1151-rocm10.0"
+def test_rocm10_1_is_the_default_and_stacks_shows_10_0s_verified_pins():
+    """The default by docs/stacks.md's rule: 10.1.0 (released 2026-10-05, more than a month ago,
+    no known failure standing), its pins left to first use; 10.0 stays, every pin verified."""
+    assert DEFAULT_STACK == "gfx1151-rocm10.1" and load_stack().model.name == "gfx1151-rocm10.1"
     r = subprocess.run([sys.executable, "-m", "toolbox", "stacks"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
+    line = next(ln for ln in lines if ln.startswith("gfx1151-rocm10.1\t"))
+    assert "rocm=10.1.0" in line and "torch=2.14.0+rocm10.1.0" in line and "rccl=unverified" in line
+    assert line.endswith("unverified=base,rccl,rocm.tarball,torch\t(default)")
+    assert [ln for ln in lines if ln.endswith("(default)")] == [line]
     line = next(ln for ln in lines if ln.startswith("gfx1151-rocm10.0\t"))
     assert "rocm=10.0.0" in line and "torch=2.13.0+rocm10.0.0" in line and "rccl=6b0e43f34119" in line
     assert f"rocm.sha256={SHA}" in line
     # Only the base digest is left to first use (no registry here); tarball and torch wheels are pinned.
-    assert line.endswith("unverified=base\t(default)")
-    assert [ln for ln in lines if ln.endswith("(default)")] == [line]
+    assert line.endswith("unverified=base")
     # 7.13 stays a named stack, as it was.
     assert "rocm=7.13.0" in next(ln for ln in lines if ln.startswith("gfx1151\t"))
 
@@ -168,20 +173,32 @@ def test_fault_injection_unset_leaves_rcclss_default(tmp_path):
     assert "FAULT_INJECTION" not in rccl_stage(render_dockerfile(s)) and "rccl.fault_injection" not in s.pins()
 
 
-def test_bitsandbytes_on_10_1_reads_hip_in_the_build_and_wants_its_exact_library():
-    """ROCm 10.1's HIP is no pin (first use): the image build reads torch.version.hip, names the
-    library bitsandbytes picks, and fails unless it is the exact build for that HIP."""
+def test_bitsandbytes_on_10_1_is_built_from_its_pinned_source_for_the_images_hip():
+    """ROCm 10.1's HIP (7.16) has no released bitsandbytes library: the stack builds tag 0.50.1's
+    commit with the HIP backend for gfx1151 against the image's ROCm, and the image build reads
+    torch.version.hip and fails unless bitsandbytes picks and loads the exact library for it
+    (scripts/bnb-check.py, run for real by tests/test_bnb_source.py)."""
     s = load_stack("gfx1151-rocm10.1")
+    b = s.model.bitsandbytes
+    assert (b.source, b.commit, b.version) == ("git", "37d2a9387f7146ccb85517ff45c665d345bfda79", "0.50.1")
     assert s.model.rocm.hip_version is None and rocm_library(s) is None
     text = render_dockerfile(s)
-    start = text.index("# HIP's version is read here")
-    check = text[start:text.index("# Hugging Face stack", start)]
-    assert 'want = f"libbitsandbytes_rocm{hip[0]}{hip[1]}.so"' in check and "lib.name == want and lib.is_file()" in check
-    assert "bitsandbytes 0.50.2 has no {want} for HIP {torch.version.hip} (it picked {lib.name})" in check
-    assert "rocm715" not in check and "7.15" not in check
-    # a stack that says its HIP keeps the exact check
+    stage = text[text.index("FROM devel AS bitsandbytes-build"):]
+    stage = stage[:stage.index("\nFROM ")]
+    assert f"git-fetch.sh https://github.com/bitsandbytes-foundation/bitsandbytes {b.commit} /src/bitsandbytes" in stage
+    assert "build-bitsandbytes.sh /src/bitsandbytes /wheels/bitsandbytes \\\n      -DCOMPUTE_BACKEND=hip -DBNB_ROCM_ARCH=\"gfx1151\"" in stage
+    assert "HIPCXX=/opt/rocm/llvm/bin/clang++" in stage
+    runtime = text[text.index("COPY --from=bitsandbytes-build"):]
+    runtime = runtime[:runtime.index("# Hugging Face stack")]
+    assert "bitsandbytes-0.50.1-*.whl" in runtime
+    # HIP is read in the build: no --hip, and no other HIP's library named
+    assert "bnb-check.py\n" in runtime and "--hip" not in runtime and "rocm715" not in runtime
+    assert "bitsandbytes==" not in text  # nothing from PyPI
+    assert s.pins()["bitsandbytes.commit"] == b.commit
+    # a stack that says its HIP passes it to the check, which then also holds torch to it
     pinned = load_stack("gfx1151-rocm10.1", ["rocm.hip_version=7.16"])
-    assert rocm_library(pinned) == "libbitsandbytes_rocm716.so" and 'assert hip == "7.16"' in render_dockerfile(pinned)
+    assert rocm_library(pinned) == "libbitsandbytes_rocm716.so"
+    assert "bnb-check.py --hip 7.16" in render_dockerfile(pinned)
 
 
 def test_bitsandbytes_library_follows_hip_not_the_rocm_release():
@@ -189,11 +206,10 @@ def test_bitsandbytes_library_follows_hip_not_the_rocm_release():
     assert s.model.rocm.hip == "7.15" and rocm_library(s) == "libbitsandbytes_rocm715.so"
     assert rocm_library(load_stack("gfx1151-rocm7.14")) == "libbitsandbytes_rocm714.so"
     text = render_dockerfile(s)
-    assert "bitsandbytes==0.50.2" in text
+    assert "bitsandbytes==0.50.2" in text and "bitsandbytes-build" not in text
     assert "55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283 /tmp/bnb/bitsandbytes-0.50.2-" in text
     # The build asks bitsandbytes which library it picks for torch's HIP, and fails on another one.
-    assert 'assert hip == "7.15"' in text
-    assert 'assert lib.name == "libbitsandbytes_rocm715.so"' in text and "get_cuda_bnb_library_path" in text
+    assert "env -u BNB_ROCM_VERSION /opt/venv/bin/python /opt/toolbox/scripts/bnb-check.py --hip 7.15" in text
 
 
 def test_bad_hip_version_is_one_line_exit_2(tmp_path):

@@ -11,9 +11,10 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent  # the checkout (or the installed tree): dockerfiles/, entrypoints/
 STACKS_DIR = PACKAGE_DIR / "stacks"  # the shipped stacks and their Python locks
-# The shipped stack a command uses when none is named: by the README's rule, the newest stable
-# ROCm release whose pins could be verified (ROCm 10.0.0; `gfx1151` stays the 7.13 stack).
-DEFAULT_STACK = "gfx1151-rocm10.0"
+# The shipped stack a command uses when none is named, by the rule in docs/stacks.md ("The
+# default"): ROCm 10.1.0, pinned on first use, since no known failure stands against it;
+# gfx1151-rocm10.0 (every pin verified) and `gfx1151` (7.13) stay named stacks.
+DEFAULT_STACK = "gfx1151-rocm10.1"
 
 
 def state_dir() -> Path:

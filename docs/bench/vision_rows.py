@@ -1,12 +1,19 @@
-"""Issue 40's GPU rows: vision-language LoRA SFT, `finetune` against a bare loop of the same backend (HF: the
-model, PEFT and AdamW, no Trainer), on random-init models of Gemma-3-4B's and Qwen2.5-VL-7B's shapes (the
-whole vision tower, fewer text layers) with images at the family's default resolution; tokens/s over the timed
-steps, peak memory, and the memory planner's prediction beside the measured peak.
+"""Vision-language SFT rows (issues 40, 44): `finetune` on each backend and method against the references a user
+would pick, on random-init models of Gemma-3-4B's, Qwen2.5-VL-7B's and Qwen3-VL-8B's shapes (the whole vision
+tower, 4 text layers) with images at the family's default resolution; tokens/s over the timed steps, peak
+memory, and the memory planner's prediction beside the measured peak.
 
-    python docs/bench/vision_rows.py OUT [--shapes gemma3-4b-4l,qwen2.5-vl-7b-4l] [--paths finetune,bare]
+    python docs/bench/vision_rows.py OUT [--shapes gemma3-4b-4l,...] [--paths "finetune bare trl unsloth-recipe"]
     python docs/bench/vision_rows.py OUT --one SHAPE PATH     (one row; what the driver runs per process)
 
-SHAPE `tiny` runs the same code on CPU in seconds (how the script was checked before a device call).
+PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys; BACKEND auto|hf|unsloth, METHOD lora|qlora),
+`bare` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned memory and the toolbox's
+collation), `trl` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
+(FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
+Every row: LoRA r16 (alpha 32, no dropout) on the language model's linear layers, batch 4, bf16, no
+gradient checkpointing, constant learning rate, lengths padded to 64 (PAD), 4 steps then 16 timed; its own process with an empty CUDA
+kernel cache (CUDA_CACHE_PATH), so each pays its first-run kernel builds as a user's first run does.
+SHAPE `tiny*` runs the same code on CPU in seconds (how the script is checked before a device call).
 Rows go to OUT/vision-rows.json and one line each on stdout.
 """
 
@@ -16,13 +23,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "entrypoints")]
 BATCH, ROWS, R, LR = 4, 96, 16, 1e-4
-WARMUP, TIMED = 3, 10
+WARMUP, TIMED = 4, 16
 GEMMA_TEXT = dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
                   head_dim=256, vocab_size=262208, sliding_window=1024, query_pre_attn_scalar=256,
                   max_position_embeddings=32768)
@@ -33,10 +41,26 @@ QWEN_TEXT = dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=
 QWEN_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
                    patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
                    fullatt_block_indexes=[7, 15, 23, 31])
+QWEN3_TEXT = dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
+                  head_dim=128, vocab_size=151936, max_position_embeddings=32768)
+QWEN3_VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
+                    patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                    deepstack_visual_indexes=[8, 16, 24])
 SHAPES = {  # name -> (family, text layers, image side in pixels, data.max_seq_length)
-    "gemma3-4b-4l": ("gemma3", 4, 896, 1024), "qwen2.5-vl-7b-4l": ("qwen2.5-vl", 4, 448, 1024),
-    "tiny": ("gemma3", 2, 28, 128),
+    # data.max_seq_length 384: the rows are 294-322 tokens (batches padded to 320 or 384), so the plan's batch of
+    # max_seq_length tokens is the longest batch the run sees and its prediction is comparable with the peak
+    "gemma3-4b-4l": ("gemma3", 4, 896, 384), "qwen2.5-vl-7b-4l": ("qwen2.5-vl", 4, 448, 384),
+    "qwen3-vl-8b-4l": ("qwen3-vl", 4, 448, 384),
+    "tiny": ("gemma3", 2, 28, 128), "tiny-qwen2.5-vl": ("qwen2.5-vl", 2, 56, 128),
+    "tiny-qwen3-vl": ("qwen3-vl", 2, 64, 128),
 }
+# The published models' multimodal rotary sections (halves of a 128-wide head); the tiny model's [1, 1, 2]
+# fits only its 8-wide head (kept, Qwen2.5-VL's rotary embedding fails on the first step).
+MROPE = {"qwen2.5-vl": [16, 24, 24], "qwen3-vl": [24, 20, 20]}
+
+
+def _text_dims(family: str) -> dict:
+    return {"qwen2.5-vl": QWEN_TEXT, "qwen3-vl": QWEN3_TEXT}.get(family, GEMMA_TEXT)
 
 
 def make_model(shape: str, folder: Path) -> Path:
@@ -48,8 +72,13 @@ def make_model(shape: str, folder: Path) -> Path:
     from tests.helpers import tiny_vision
 
     family, layers, side, _ = SHAPES[shape]
-    if shape == "tiny":
-        return tiny_vision.make_tiny_vlm(folder, "gemma3")
+    if shape.startswith("tiny"):
+        tiny_vision.make_tiny_vlm(folder, family, depth=1 if family == "gemma3" else 2)
+        if family != "gemma3":  # the image at `side` pixels: the tiny processor's budget is one 28 px image
+            import transformers as tf
+
+            tf.AutoProcessor.from_pretrained(folder, min_pixels=side * side, max_pixels=side * side).save_pretrained(folder)
+        return folder
     tiny_vision.make_tiny_vlm(folder, family)  # tokenizer, processor and chat template at the tiny size
     import transformers as tf
 
@@ -65,11 +94,14 @@ def make_model(shape: str, folder: Path) -> Path:
         proc.image_seq_length = 256  # saved, and the image's token run rebuilt from it when loaded
     else:
         text = {k: v for k, v in cfg.text_config.to_dict().items() if k != "layer_types"}
-        text = {**text, **QWEN_TEXT, "num_hidden_layers": layers}
-        cfg = type(cfg)(text_config=text, vision_config={**cfg.vision_config.to_dict(), **QWEN_VISION},
+        rope = {**text.get("rope_parameters", {}), "mrope_section": MROPE[family]}
+        text = {**text, **_text_dims(family), "num_hidden_layers": layers, "rope_parameters": rope}
+        vision = QWEN_VISION if family == "qwen2.5-vl" else QWEN3_VISION
+        cfg = type(cfg)(text_config=text, vision_config={**cfg.vision_config.to_dict(), **vision},
                         image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id,
                         vision_start_token_id=cfg.vision_start_token_id, vision_end_token_id=cfg.vision_end_token_id)
         proc = tf.AutoProcessor.from_pretrained(folder, min_pixels=side * side, max_pixels=side * side)
+        proc.image_processor.patch_size = vision["patch_size"]  # the tiny processor's is 14: Qwen3-VL's tower takes 16
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = tf.AutoModelForImageTextToText.from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
@@ -98,60 +130,236 @@ def make_data(path: Path, side: int) -> Path:
     return path
 
 
-def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int) -> dict:
+# The references pad to 64 tokens as finetune does (TRL's SFTConfig and Unsloth's collator take it; neither
+# does by default): unpadded, a first run builds a new cuDNN attention graph per batch length (~1-3 s each),
+# which would put the references behind for a reason a user can set away.
+PAD = 64
+LANG_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_targets(model) -> list[str]:
+    """The reference rows' LoRA targets, found here by module type: the language model's Linear layers."""
+    import torch
+
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "language_model" in n
+            and n.rsplit(".", 1)[-1] in LANG_LINEAR]
+
+
+class Clock:
+    """Tokens and time of the timed steps of a Trainer row: the tokens each training_step saw (non-padding,
+    summed on the device), the time from the end of step WARMUP to the end of the last (one sync at each)."""
+
+    def __init__(self):
+        self.toks, self.t0, self.t1, self.mem_at_start, self.param_bytes = [], None, None, None, {}
+        self.after_step1 = None
+
+    def wrap(self, trainer):
+        step = trainer.training_step
+
+        def training_step(model, inputs, *a, **kw):
+            if trainer.state.global_step >= WARMUP:
+                self.toks.append(inputs["attention_mask"].sum())
+            return step(model, inputs, *a, **kw)
+
+        trainer.training_step = training_step
+        return trainer
+
+    def callback(self):
+        import torch
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class C(TrainerCallback):
+            def on_train_begin(self, args, state, control, model=None, **kw):
+                clock.start(model)
+
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step in (1, WARMUP, WARMUP + TIMED) and torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                if state.global_step == 1 and torch.cuda.is_available():  # what stays (optimizer states) and the peak
+                    clock.after_step1 = [round(torch.cuda.memory_allocated() / 2**30, 3), _peak()]
+                if state.global_step == WARMUP:
+                    clock.t0 = time.perf_counter()
+                if state.global_step == WARMUP + TIMED:
+                    clock.t1 = time.perf_counter()
+
+        return C()
+
+    def start(self, model):
+        import torch
+
+        if torch.cuda.is_available():
+            self.mem_at_start = round(torch.cuda.memory_allocated() / 2**30, 3)
+        for prm in model.parameters():
+            k = f"{prm.dtype}".replace("torch.", "") + ("-trainable" if prm.requires_grad else "")
+            self.param_bytes[k] = self.param_bytes.get(k, 0) + prm.numel() * prm.element_size()
+
+    def row(self, tokens: int | None = None) -> dict:
+        tokens = int(sum(int(t) for t in self.toks)) if tokens is None else tokens
+        return {"tokens_per_s": tokens / (self.t1 - self.t0), "timed_tokens": tokens, "mem_at_start_gib":
+                self.mem_at_start, "after_step1_alloc_peak_gib": self.after_step1, "param_gib": {k: round(v / 2**30, 3) for k, v in self.param_bytes.items()}}
+
+
+def _peak() -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
+
+
+def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, spec: list[str]) -> dict:
+    """finetune as a user runs it: `spec` = [backend, method, key=value,...] (train.* keys; defaults auto, lora)."""
     from toolbox_train.commands import finetune
 
-    cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "max_seq_length": seq}, "method": "lora",
-           "backend": "hf", "lora": {"r": R, "alpha": 2 * R, "dropout": 0.0}, "vision": {"train": ["language"]},
+    backend = spec[0] if spec else "auto"
+    method = spec[1] if len(spec) > 1 else "lora"
+    extra = {}
+    for kv in (spec[2].split(",") if len(spec) > 2 and spec[2] else []):
+        k, v = kv.split("=", 1)
+        extra[k] = __import__("yaml").safe_load(v)
+    cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "max_seq_length": seq}, "method": method,
+           "backend": backend, "lora": {"r": R, "alpha": 2 * R, "dropout": 0.0}, "vision": {"train": ["language"]},
            "train": {"max_steps": WARMUP + TIMED, "per_device_batch_size": BATCH, "learning_rate": LR,
                      "lr_scheduler": "constant", "warmup_steps": 0, "precision": precision,
-                     "gradient_checkpointing": False, "seed": 0},
+                     "gradient_checkpointing": False, "seed": 0, **extra},
            "output": {"dir": str(out), "save_steps": 0, "progress_bar": False, "save": "adapter"}}
-    finetune.run(cfg)
+    clock = Clock()
+    finetune.run(cfg, overwrite=True, callbacks=[clock.callback()])
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    toks = [b["tokens"] - a["tokens"] for a, b in zip(steps, steps[1:])][WARMUP - 1:]
-    secs = [t / s["tokens_per_s"] for t, s in zip(toks, steps[WARMUP:])]
-    plan = __import__("yaml").safe_load((out / "config.resolved.yaml").read_text())["_resolved"]
-    return {"tokens_per_s": sum(toks) / sum(secs), "peak_gib": max(s["peak_mem_gib"] for s in steps),
-            "planned_gib": plan.get("predicted_peak_gib")}
+    by_step = {s["step"]: s for s in steps if "tokens" in s}
+    tokens = by_step[WARMUP + TIMED]["tokens"] - by_step[WARMUP]["tokens"]
+    resolved = __import__("yaml").safe_load((out / "config.resolved.yaml").read_text())["_resolved"]
+    return {**clock.row(tokens), "peak_gib": _peak(), "planned_gib": resolved.get("predicted_peak_gib"),
+            "resolved": {k: resolved.get(k) for k in ("backend", "liger", "lm_head_kernel", "per_device_batch_size")
+                         if k in resolved},
+            "losses": [round(s["loss"], 4) for s in steps if "loss" in s][:WARMUP + TIMED]}
+
+
+def _rows(data: Path) -> list[dict]:
+    from toolbox_train.data.dataset import load_raw
+
+    ds, _, _ = load_raw(str(data), "train", data.parent, "data.path", "auto", "text")
+    return [{"messages": r["messages"], "images": [str(data.parent / p) for p in r["images"]]} for r in ds]
 
 
 def bare_row(model_dir: Path, data: Path, precision: str, seq: int) -> dict:
+    """HF + PEFT + AdamW (fused) in a loop; a DataLoader with 4 workers, pinned memory and prefetching runs the
+    toolbox's collation (labels on the answers, lengths padded to 64) beside the GPU."""
     import torch
     from peft import LoraConfig, get_peft_model
+    from torch.utils.data import DataLoader
     from transformers import AutoModelForImageTextToText
 
-    from toolbox_train.data.dataset import load_raw
-    from toolbox_train.models.vision import load_processor, lora_target_regex
-    from toolbox_train.training.vision import VisionCollator
+    from toolbox_train.models.vision import load_processor
+    from toolbox_train.training.vision import PAD_MULTIPLE, VisionCollator
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(dev)
-    model = get_peft_model(model, LoraConfig(r=R, lora_alpha=2 * R, lora_dropout=0.0,
-                                             target_modules=lora_target_regex(["language"], "all-linear")))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
-    ds, _, _ = load_raw(str(data), "train", data.parent, "data.path", "auto", "text")
-    rows = [{"messages": r["messages"], "images": r["images"]} for r in ds]
-    collate = VisionCollator(load_processor(str(model_dir)), seq)
-    if dev == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    toks, t0 = 0, None
+    model = get_peft_model(model, LoraConfig(r=R, lora_alpha=2 * R, lora_dropout=0.0, target_modules=lora_targets(model)))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, fused=dev == "cuda")
+    workers = 4 if dev == "cuda" else 0
+    loader = DataLoader(_rows(data), batch_size=BATCH, shuffle=True, num_workers=workers, pin_memory=dev == "cuda",
+                        collate_fn=VisionCollator(load_processor(str(model_dir)), seq,
+                                                  pad_multiple=PAD_MULTIPLE if dev == "cuda" else 1),
+                        persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+                        generator=torch.Generator().manual_seed(0))
+    toks, t0, losses = [], None, []
+    batches = iter(loader)
     for k in range(WARMUP + TIMED):
         if k == WARMUP:
             torch.cuda.synchronize() if dev == "cuda" else None
             t0 = time.perf_counter()
-        # collated in the loop, as finetune's data loader does (the processor resizes each image)
-        b = {n: v.to(dev) for n, v in collate(rows[k * BATCH:(k + 1) * BATCH]).items()}
+        b = {n: v.to(dev, non_blocking=True) for n, v in next(batches).items()}
         if k >= WARMUP:
-            toks += int(b["attention_mask"].sum())
-        model(**b).loss.backward()
+            toks.append(b["attention_mask"].sum())
+        loss = model(**b).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
     torch.cuda.synchronize() if dev == "cuda" else None
-    peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None
-    return {"tokens_per_s": toks / (time.perf_counter() - t0), "peak_gib": peak}
+    secs = time.perf_counter() - t0
+    tokens = int(sum(int(t) for t in toks))
+    return {"tokens_per_s": tokens / secs, "timed_tokens": tokens, "peak_gib": _peak(),
+            "losses": [round(float(x), 4) for x in losses]}
+
+
+def _trl_args(out: Path, precision: str, seq: int, **kw):
+    from trl import SFTConfig
+
+    return SFTConfig(output_dir=str(out), per_device_train_batch_size=BATCH, max_steps=WARMUP + TIMED,
+                     learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, bf16=precision == "bf16",
+                     use_cpu=precision != "bf16", gradient_checkpointing=False, logging_steps=1, save_strategy="no",
+                     report_to=[], seed=0, max_length=seq, **kw)
+
+
+def trl_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int) -> dict:
+    """TRL's SFTTrainer on the processor, as TRL's docs set up vision SFT: `messages` + `images` (PIL) rows, the
+    trainer's own vision collator, a PEFT LoraConfig; train on the whole sequence (TRL's default here)."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+    from trl import SFTTrainer
+
+    from toolbox_train.models.vision import load_processor
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
+    rows = [{"messages": r["messages"], "images": [Image.open(p).convert("RGB") for p in r["images"]]}
+            for r in _rows(data)]
+    clock = Clock()
+    trainer = SFTTrainer(model=model, args=_trl_args(out, precision, seq, pad_to_multiple_of=PAD, dataloader_num_workers=4
+                                                     if precision == "bf16" else 0),
+                         train_dataset=Dataset.from_list(rows), processing_class=load_processor(str(model_dir)),
+                         peft_config=LoraConfig(r=R, lora_alpha=2 * R, lora_dropout=0.0,
+                                                target_modules=lora_targets(model)),
+                         callbacks=[clock.callback()])
+    clock.wrap(trainer).train()
+    return {**clock.row(), "peak_gib": _peak(),
+            "losses": [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h]}
+
+
+def unsloth_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int, method: str = "lora") -> dict:
+    """Unsloth's vision notebooks: FastVisionModel (16-bit for LoRA, 4-bit for QLoRA), get_peft_model on the
+    language layers, for_training, UnslothVisionDataCollator, SFTTrainer with remove_unused_columns=False,
+    dataset_text_field "", skip_prepare_dataset and adamw_8bit (the notebooks' optimizer)."""
+    from unsloth import FastVisionModel
+    from unsloth.trainer import UnslothVisionDataCollator
+    from PIL import Image
+    from trl import SFTTrainer
+
+    import torch
+
+    model, proc = FastVisionModel.from_pretrained(str(model_dir), load_in_4bit=method == "qlora",
+                                                 load_in_16bit=method == "lora", max_seq_length=seq,
+                                                 use_gradient_checkpointing=False)
+    model = FastVisionModel.get_peft_model(model, finetune_vision_layers=False, finetune_language_layers=True,
+                                           finetune_attention_modules=True, finetune_mlp_modules=True, r=R,
+                                           lora_alpha=2 * R, lora_dropout=0, bias="none", random_state=0,
+                                           use_gradient_checkpointing=False)
+    FastVisionModel.for_training(model)
+
+    def convert(r):  # the notebooks' form: the image inside the user turn
+        imgs = iter([Image.open(p).convert("RGB") for p in r["images"]])
+        return {"messages": [{"role": m["role"], "content": [
+            {"type": "image", "image": next(imgs)} if c["type"] == "image" else c for c in m["content"]]}
+            for m in r["messages"]]}
+
+    clock = Clock()
+    trainer = SFTTrainer(model=model, processing_class=proc, data_collator=UnslothVisionDataCollator(model, proc, pad_to_multiple_of=PAD),
+                         train_dataset=[convert(r) for r in _rows(data)],
+                         args=_trl_args(out, precision, seq, optim="adamw_8bit", remove_unused_columns=False,
+                                        dataset_text_field="", dataset_kwargs={"skip_prepare_dataset": True},
+                                        dataloader_num_workers=0),
+                         callbacks=[clock.callback()])
+    clock.wrap(trainer).train()
+    del torch
+    return {**clock.row(), "peak_gib": _peak(),
+            "losses": [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h]}
 
 
 def one(out: Path, shape: str, path: str) -> dict:
@@ -162,10 +370,20 @@ def one(out: Path, shape: str, path: str) -> dict:
     data = make_data(out / f"data-{shape}" / "train.jsonl", SHAPES[shape][2])
     t0 = time.time()
     seq = SHAPES[shape][3]
-    row = finetune_row(model, data, out / f"run-{shape}", precision, seq) if path == "finetune" else \
-        bare_row(model, data, precision, seq)
-    return {"shape": shape, "path": path, "precision": precision, "batch": BATCH, "timed_steps": TIMED,
-            "wall_s": round(time.time() - t0, 1), **row}
+    kind, *spec = path.split(":")
+    run = out / f"run-{shape}-{path.replace(':', '-').replace(',', '-').replace('=', '')}"
+    if kind == "finetune":
+        row = finetune_row(model, data, run, precision, seq, spec)
+    elif kind == "bare":
+        row = bare_row(model, data, precision, seq)
+    elif kind == "trl":
+        row = trl_row(model, data, run, precision, seq)
+    elif kind == "unsloth-recipe":
+        row = unsloth_row(model, data, run, precision, seq, *(spec or ["lora"]))
+    else:
+        raise SystemExit(f"unknown path {path}")
+    return {"shape": shape, "path": path, "precision": precision, "batch": BATCH, "warmup_steps": WARMUP,
+            "timed_steps": TIMED, "wall_s": round(time.time() - t0, 1), **row}
 
 
 def main(argv: list[str]) -> int:
@@ -177,17 +395,22 @@ def main(argv: list[str]) -> int:
         return 0
     opt = dict(zip(argv[1::2], argv[2::2]))
     rows = []
-    for shape in opt.get("--shapes", "gemma3-4b-4l,qwen2.5-vl-7b-4l").split(","):
-        for path in opt.get("--paths", "finetune,bare").split(","):
-            log = out / f"{shape}-{path}.log"
+    done = out / "vision-rows.json"
+    if done.is_file():
+        rows = json.loads(done.read_text())
+    for shape in opt.get("--shapes", "gemma3-4b-4l,qwen2.5-vl-7b-4l,qwen3-vl-8b-4l").split(","):
+        for path in opt.get("--paths", "finetune,bare,trl,unsloth-recipe").split(" "):
+            log = out / f"{shape}-{path.replace(':', '-').replace(',', '-').replace('=', '')}.log"
+            # an empty CUDA kernel cache each: no row runs on kernels an earlier row compiled
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_CACHE_PATH": tempfile.mkdtemp(prefix="cuda-cache-")}
             with open(log, "w") as f:
                 r = subprocess.run([sys.executable, __file__, str(out), "--one", shape, path], stdout=subprocess.PIPE,
-                                   stderr=f, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                   stderr=f, text=True, env=env)
             row = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else \
                 {"shape": shape, "path": path, "error": f"exit {r.returncode}, see {log.name}"}
             rows.append(row)
-            print(json.dumps(row), flush=True)
-            (out / "vision-rows.json").write_text(json.dumps(rows, indent=2) + "\n")
+            print(json.dumps({k: v for k, v in row.items() if k not in ("losses",)}), flush=True)
+            done.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 

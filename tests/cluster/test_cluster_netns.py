@@ -164,37 +164,9 @@ def test_host_key_mismatch_refused(hosts, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cpu_image_tag():
-    """The cpu stack's image (built by `toolbox build`, reused when the engine tests made it)."""
-    if not shutil.which("podman"):
-        if os.environ.get("CI"):
-            pytest.fail("podman is not installed (.ci/apt-packages.txt lists it)")
-        pytest.skip("podman not installed")
-    from helpers.enginekit import BASE_REF, CACHE, ca_bundle, podman, toolbox as tb, wheelhouse  # sets CONTAINERS_CONF
-
-    from toolbox.run_options import default_tag
-    from toolbox.stack.load import load_stack
-
-    tag = default_tag(load_stack("cpu"))
-    if podman("image", "exists", tag, check=False).returncode != 0:
-        if podman("image", "exists", BASE_REF, check=False).returncode != 0:
-            # The engine tests' recipe and cache: a debootstrapped bookworm imported as the base.
-            tarball = CACHE / "bookworm-minbase.tar"
-            if not tarball.exists():
-                rootfs = CACHE / "bookworm-rootfs-cluster"
-                shutil.rmtree(rootfs, ignore_errors=True)
-                CACHE.mkdir(parents=True, exist_ok=True)
-                subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs),
-                                "http://deb.debian.org/debian"], check=True, capture_output=True, timeout=1200)
-                tmp = tarball.with_suffix(".cluster.tmp")
-                subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tmp), "."], check=True)
-                tmp.rename(tarball)
-                shutil.rmtree(rootfs, ignore_errors=True)
-            podman("import", str(tarball), BASE_REF)
-        cp = tb("build", "--stack", "cpu", "--engine", "podman", "--ca-bundle", str(ca_bundle()),
-                "--wheelhouse", str(wheelhouse()), check=True)
-        tag = next(line.split(None, 1)[1].strip() for line in cp.stdout.splitlines() if line.startswith("image:"))
-    return tag
+def cpu_image_tag(cpu_image):
+    """The session's cpu image (built once for every test folder: helpers/image_fixtures.py)."""
+    return cpu_image["tag"]
 
 
 def test_ddp_across_two_hosts_via_podman(hosts, cpu_image_tag, tiny_model, tmp_path):

@@ -1,9 +1,14 @@
-"""Build llama.cpp's tools for the host tests, once, into a cache folder reused across runs.
+"""llama.cpp's tools for the host tests, built once into a cache folder reused across runs.
 
 Source: the `llama-cpp-python` sdist from PyPI (pinned by version and sha256, the cpu stack's
 llama_cpp pin), which vendors a whole llama.cpp tree. Only the programs export/evaluate run are
-built (ccache keeps rebuilds cheap); the result has the image's /opt/llama.cpp layout:
-bin/, convert_hf_to_gguf.py, conversion/, gguf-py/, plus models/ggml-vocab-*.gguf for the tests.
+built; the result has the image's /opt/llama.cpp layout: bin/, convert_hf_to_gguf.py, conversion/,
+gguf-py/, plus models/ggml-vocab-*.gguf for the tests.
+
+Where podman answers they come from the cpu image's own llama.cpp builder stage (llama.cpp is
+compiled once per run: that stage's build tree gets the few targets the image leaves out, in a
+container of it, and the programs are copied out; the stage is Debian bookworm, as CI's host, and
+the programs must run here or the host build below is used). Elsewhere: a host build (ccache).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ CACHE = Path(os.environ.get("TOOLBOX_TEST_CACHE", Path.home() / ".cache" / "tool
 ROOT = CACHE / f"llama.cpp-{VERSION}"
 VENDOR = "vendor/llama.cpp/"
 KEEP = ("convert_hf_to_gguf.py", "conversion", "gguf-py", "models")
+STAGE_TAG = f"localhost/toolbox-test-llama-build:{VERSION}"  # the cpu stack's llama.cpp builder stage
 
 
 def _log(msg: str) -> None:
@@ -93,30 +99,69 @@ def ensure_tools() -> Path:
         if _complete(tools):
             return tools
         t0 = time.time()
-        env = dict(os.environ, CCACHE_DIR=str(CACHE / "ccache"), CCACHE_BASEDIR=str(ROOT))
-        build = ROOT / "build"
-        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        # No network at build time: no HTTPS client, no prebuilt web UI download.
-        subprocess.run(["cmake", "-S", str(src), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
-                        "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                        "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-                        "-DLLAMA_BUILD_UI=OFF", "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON"],
-                       check=True, env=env, stdout=subprocess.DEVNULL)
-        _log(f"building {', '.join(TARGETS)} (first run only; ccache in {CACHE / 'ccache'})")
-        subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
-                       check=True, env=env, stdout=subprocess.DEVNULL)
         tmp = ROOT / "tools.partial"
         shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "bin").mkdir(parents=True)
-        for t in TARGETS:
-            shutil.copy2(build / "bin" / t, tmp / "bin" / t)
-        for k in KEEP:
-            (shutil.copytree if (src / k).is_dir() else shutil.copy2)(src / k, tmp / k)
-        (tmp / "VERSION").write_text(f"llama-cpp-python {VERSION} sdist (sha256 {SHA256})\n")
+        why = _from_image_stage(tmp) if shutil.which("podman") else "podman is not installed"
+        if why:
+            _log(f"{why}: building on the host")
+            shutil.rmtree(tmp, ignore_errors=True)
+            _host_build(src, tmp)
         shutil.rmtree(tools, ignore_errors=True)  # an older build, without a target added since
         os.replace(tmp, tools)
-        _log(f"built in {time.time() - t0:.0f} s")
+        _log(f"ready in {time.time() - t0:.0f} s: {(tools / 'VERSION').read_text().strip()}")
     return tools
+
+
+def _from_image_stage(tmp: Path) -> str | None:
+    """TARGETS from the cpu stack's llama.cpp builder stage (podman's layer cache holds it once the
+    cpu image is built): its build tree, in a container, builds the targets the image leaves out
+    (ninja: only what they add; ccache: podman's). None when done, else why not."""
+    from helpers.enginekit import ca_bundle, podman, toolbox, wheelhouse
+    from helpers.prebuilt import CCACHE_TARGET, ensure_base_image, podman_ccache
+
+    ensure_base_image()
+    cp = toolbox("build", "--stack", "cpu", "--engine", "podman", "--target", "llama_cpp-build",
+                 "--tag", STAGE_TAG, "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()))
+    if cp.returncode != 0:
+        return f"the cpu stack's llama_cpp-build stage did not build:\n{(cp.stdout + cp.stderr)[-3000:]}"
+    tmp.mkdir(parents=True)
+    cache = podman_ccache()
+    script = (f"cmake --build /build/llama.cpp --target {' '.join(TARGETS)} >/dev/null"
+              f" && cp {' '.join(f'/build/llama.cpp/bin/{t}' for t in TARGETS)} /out/bin/"
+              f" && cp -r {' '.join(f'/src/llama.cpp/{k}' for k in KEEP)} /out/")
+    (tmp / "bin").mkdir()
+    run = podman("run", "--rm", "--network", "none", "-v", f"{tmp}:/out",
+                 *(["-v", f"{cache}:{CCACHE_TARGET}"] if cache else []), STAGE_TAG, "sh", "-c", script, check=False)
+    if run.returncode != 0:
+        return f"building {', '.join(TARGETS)} in {STAGE_TAG} failed:\n{run.stderr[-3000:]}"
+    for t in TARGETS:  # the stage is Debian bookworm: its programs must run on this host
+        probe = subprocess.run([str(tmp / "bin" / t), "--help"], capture_output=True, text=True)
+        if "error while loading shared libraries" in probe.stderr or "GLIBC" in probe.stderr:
+            return f"{t} from the image stage does not run here: {probe.stderr.strip()[-300:]}"
+    (tmp / "VERSION").write_text(f"llama-cpp-python {VERSION} sdist (sha256 {SHA256}), "
+                                 f"built in the cpu stack's llama_cpp-build stage ({STAGE_TAG})\n")
+    return None
+
+
+def _host_build(src: Path, tmp: Path) -> None:
+    env = dict(os.environ, CCACHE_DIR=str(CACHE / "ccache"), CCACHE_BASEDIR=str(ROOT))
+    build = ROOT / "build"
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    # No network at build time: no HTTPS client, no prebuilt web UI download.
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+                    "-DLLAMA_BUILD_UI=OFF", "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON"],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    _log(f"building {', '.join(TARGETS)} (first run only; ccache in {CACHE / 'ccache'})")
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    (tmp / "bin").mkdir(parents=True)
+    for t in TARGETS:
+        shutil.copy2(build / "bin" / t, tmp / "bin" / t)
+    for k in KEEP:
+        (shutil.copytree if (src / k).is_dir() else shutil.copy2)(src / k, tmp / k)
+    (tmp / "VERSION").write_text(f"llama-cpp-python {VERSION} sdist (sha256 {SHA256}), built on the host\n")
 
 
 if __name__ == "__main__":

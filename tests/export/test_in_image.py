@@ -59,3 +59,5 @@ def test_finetune_export_evaluate_and_llama_cli_in_the_cpu_image(cpu_image, real
     out = run("llama-completion", "-m", f"/workspace/{rel}", "-p", "the cat sees", "-n", "4", "--temp", "0",
               "-no-cnv")
     assert "the cat sees" in out
+    # the vision runner beside llama-server, from the same pinned source (a vision export's GGUF + mmproj)
+    assert "--mmproj" in run("llama-mtmd-cli", "--help")

@@ -50,7 +50,7 @@ RUN --mount=type=secret,id=ca \
       python3-dev
 ENV CCACHE_DIR=/root/.ccache
 
-# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
+# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server, llama-mtmd-cli ----
 FROM devel AS llama_cpp-build
 # The llama-cpp-python 0.3.36 sdist vendors this llama.cpp tree (vendor/llama.cpp).
 # --no-binary for it alone: pip prepares the sdist's metadata, and with :all: it would build
@@ -77,9 +77,9 @@ RUN --mount=type=cache,target=/root/.ccache \
       -DLLAMA_OPENSSL=OFF \
       -DLLAMA_USE_PREBUILT_UI=OFF \
       -DLLAMA_BUILD_UI=OFF \
- && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server \
+ && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli \
  && mkdir -p /opt/llama.cpp/bin \
- && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
+ && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
  && cp -r /src/llama.cpp/convert_hf_to_gguf.py /src/llama.cpp/conversion /src/llama.cpp/gguf-py /opt/llama.cpp/ \
  && echo "llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (cpu, llama-cpp-python 0.3.36 sdist)" > /opt/llama.cpp/VERSION
 
@@ -114,6 +114,7 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/pip.sh install sentencepiece==0.2.3 \
  && ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
  && llama-cli --version \
+ && llama-mtmd-cli --help >/dev/null \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 

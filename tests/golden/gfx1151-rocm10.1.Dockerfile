@@ -1,4 +1,4 @@
-# Rendered by `toolbox render` from stack "gfx1151-rocm10.1" (lock 65c9978880e1).
+# Rendered by `toolbox render` from stack "gfx1151-rocm10.1" (lock af119daf4e79).
 # Edit the stack (toolbox/stacks/) or the templates (dockerfiles/), not this file.
 # Build inputs: optional secret `ca` (a CA bundle), context folder `wheelhouse/` (find-links).
 
@@ -105,7 +105,23 @@ RUN --mount=type=cache,target=/root/.ccache \
  && cmake --build /build/rccl-tests \
  && cmake --install /build/rccl-tests
 
-# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
+# ---- bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79: HIP backend for gfx1151, against this image's ROCm ----
+# scripts/build-bitsandbytes.sh: cmake with these flags, the library named for the HIP hipconfig
+# reports (libbitsandbytes_rocm<major><minor>.so), then the wheel; the host test
+# tests/test_bnb_source.py runs the same script on the same commit (CPU backend).
+FROM devel AS bitsandbytes-build
+RUN --mount=type=secret,id=ca \
+    /opt/toolbox/scripts/git-fetch.sh https://github.com/bitsandbytes-foundation/bitsandbytes 37d2a9387f7146ccb85517ff45c665d345bfda79 /src/bitsandbytes
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.ccache \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    HIPCXX=/opt/rocm/llvm/bin/clang++ CMAKE_HIP_COMPILER_LAUNCHER=ccache \
+    BNB_BUILD_DIR=/build/bitsandbytes PIP=/opt/toolbox/scripts/pip.sh \
+    /opt/toolbox/scripts/build-bitsandbytes.sh /src/bitsandbytes /wheels/bitsandbytes \
+      -DCOMPUTE_BACKEND=hip -DBNB_ROCM_ARCH="gfx1151"
+
+# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server, llama-mtmd-cli ----
 FROM devel AS llama_cpp-build
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ggml-org/llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f /src/llama.cpp
@@ -124,9 +140,9 @@ RUN --mount=type=cache,target=/root/.ccache \
       -DGGML_HIP=ON \
       -DGPU_TARGETS="gfx1151" \
       -DCMAKE_HIP_COMPILER=/opt/rocm/llvm/bin/clang \
- && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server \
+ && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli \
  && mkdir -p /opt/llama.cpp/bin \
- && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
+ && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
  && cp -r /src/llama.cpp/convert_hf_to_gguf.py /src/llama.cpp/conversion /src/llama.cpp/gguf-py /opt/llama.cpp/ \
  && echo "llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip)" > /opt/llama.cpp/VERSION
 
@@ -198,29 +214,21 @@ RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("
 # COMGR beside it; the build log says which (toolbox/rccl/hipcheck.py: the reports it prevents).
 RUN /opt/venv/bin/python /opt/toolbox/scripts/hip-runtime-check.py --load librccl.so.1
 
-# bitsandbytes 0.50.2: the PyPI manylinux wheel (its build for HIP as torch reports it), sha256 checked
+# bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79, built above for this image's HIP
+COPY --from=bitsandbytes-build /wheels/bitsandbytes/ /opt/toolbox/wheels/bitsandbytes/
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh download --no-deps --only-binary=:all: -d /tmp/bnb bitsandbytes==0.50.2 \
- && printf '%s  %s\n' 55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283 /tmp/bnb/bitsandbytes-0.50.2-*manylinux*x86_64.whl > /tmp/bnb.sha256 \
- && sha256sum -c /tmp/bnb.sha256 \
- && /opt/toolbox/scripts/pip.sh install /tmp/bnb/bitsandbytes-0.50.2-*.whl \
+    /opt/toolbox/scripts/pip.sh install /opt/toolbox/wheels/bitsandbytes/bitsandbytes-0.50.1-*.whl \
       'torch[device-gfx1151]==2.14.0+rocm10.1.0' \
       'torchvision[device-gfx1151]==0.29.0a0+rocm10.1.0' \
-      torchaudio==2.11.0.3+rocm10.1.0 \
- && rm -rf /tmp/bnb /tmp/bnb.sha256
-# HIP's version is read here (the stack sets none: first use): bitsandbytes must pick the build for
-# exactly torch.version.hip's major.minor by its own rule (get_cuda_bnb_library_path: a missing
-# exact build falls back to another with only a warning), ship it, and load it against this
-# image's ROCm; the build log names the library, and a wheel without one for this HIP fails here.
-RUN env -u BNB_ROCM_VERSION /opt/venv/bin/python -c 'import ctypes, torch; \
-from bitsandbytes.cuda_specs import CUDASpecs, get_cuda_version_string, get_cuda_version_tuple; \
-from bitsandbytes.cextension import get_cuda_bnb_library_path; \
-hip = str(torch.version.hip).split("."); want = f"libbitsandbytes_rocm{hip[0]}{hip[1]}.so"; \
-lib = get_cuda_bnb_library_path(CUDASpecs((0, 0), get_cuda_version_string(), get_cuda_version_tuple())); \
-assert lib.name == want and lib.is_file(), f"bitsandbytes 0.50.2 has no {want} for HIP {torch.version.hip} (it picked {lib.name}): pin a bitsandbytes with that build, or build it from source"; \
-ctypes.CDLL(str(lib)); print("HIP", torch.version.hip, "(read at build time): bitsandbytes picks and loads:", lib)'
+      torchaudio==2.11.0.3+rocm10.1.0
+# HIP read from torch.version.hip (the stack sets none): bitsandbytes must pick
+# the library for exactly that HIP by its own rule (a missing exact build falls back to another
+# HIP's with only a warning), ship it and load it against this image's ROCm (RUNPATH
+# /opt/rocm/lib); a 4-bit matmul runs where a GPU is visible, else its 4-bit entry points are
+# looked up (scripts/bnb-check.py). The build log names the library.
+RUN env -u BNB_ROCM_VERSION /opt/venv/bin/python /opt/toolbox/scripts/bnb-check.py
 
 # Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
 COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
@@ -231,6 +239,7 @@ RUN --mount=type=secret,id=ca \
 
 # unsloth 2026.10.9 from PyPI
 # On ROCm these requirements of PyPI Unsloth are not taken from PyPI:
+#   bitsandbytes: the stack builds it from git for its GPU targets
 #   triton: the ROCm torch's own, from its index
 #   xformers: PyPI's are CUDA builds; Unsloth uses torch's SDPA without it
 # unsloth and unsloth_zoo came with the Python lock above (hash-checked, --no-deps), which holds
@@ -248,6 +257,7 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/pip.sh install sentencepiece==0.2.3 \
  && ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
  && llama-cli --version \
+ && llama-mtmd-cli --help >/dev/null \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 
@@ -278,9 +288,8 @@ LABEL \
     io.github.toolbox.amd-torch-device-gfx115x.wheel_sha256="unverified" \
     io.github.toolbox.amd-torchvision-device-gfx1151.wheel_sha256="unverified" \
     io.github.toolbox.base.image="registry.fedoraproject.org/fedora:43" \
-    io.github.toolbox.bitsandbytes.source="pypi" \
-    io.github.toolbox.bitsandbytes.version="0.50.2" \
-    io.github.toolbox.bitsandbytes.wheel_sha256="55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283" \
+    io.github.toolbox.bitsandbytes.commit="37d2a9387f7146ccb85517ff45c665d345bfda79" \
+    io.github.toolbox.bitsandbytes.version="0.50.1" \
     io.github.toolbox.datasets.version="4.8.4" \
     io.github.toolbox.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.backend="hip" \
@@ -288,10 +297,10 @@ LABEL \
     io.github.toolbox.llama_cpp.gpu_targets="gfx1151" \
     io.github.toolbox.llama_cpp.sentencepiece="0.2.3" \
     io.github.toolbox.llama_cpp.source="git" \
-    io.github.toolbox.lock-digest="65c9978880e1" \
+    io.github.toolbox.lock-digest="af119daf4e79" \
     io.github.toolbox.peft.version="0.21.2" \
     io.github.toolbox.platform="rocm" \
-    io.github.toolbox.python.lock.sha256="b35b4b8a16f4e29100180e517893adbfacef1f09bc11b2aa83586137b7e28b57" \
+    io.github.toolbox.python.lock.sha256="9cabc7628b21ab02bcdd2a40d7aa34c59a95db93848d17b690d8088b25c41310" \
     io.github.toolbox.ray.version="2.60.0" \
     io.github.toolbox.rccl.build_rccl_tests="true" \
     io.github.toolbox.rccl.commit="unverified" \
@@ -330,4 +339,4 @@ LABEL \
     org.opencontainers.image.source="https://github.com/toolbox/toolbox" \
     org.opencontainers.image.title="toolbox-gfx1151-rocm10.1" \
     org.opencontainers.image.vendor="toolbox" \
-    org.opencontainers.image.version="65c9978880e1"
+    org.opencontainers.image.version="af119daf4e79"

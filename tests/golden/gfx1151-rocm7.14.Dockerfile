@@ -110,7 +110,7 @@ RUN --mount=type=cache,target=/root/.ccache \
  && cmake --build /build/rccl-tests \
  && cmake --install /build/rccl-tests
 
-# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
+# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server, llama-mtmd-cli ----
 FROM devel AS llama_cpp-build
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ggml-org/llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f /src/llama.cpp
@@ -129,9 +129,9 @@ RUN --mount=type=cache,target=/root/.ccache \
       -DGGML_HIP=ON \
       -DGPU_TARGETS="gfx1151" \
       -DCMAKE_HIP_COMPILER=/opt/rocm/llvm/bin/clang \
- && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server \
+ && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli \
  && mkdir -p /opt/llama.cpp/bin \
- && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
+ && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
  && cp -r /src/llama.cpp/convert_hf_to_gguf.py /src/llama.cpp/conversion /src/llama.cpp/gguf-py /opt/llama.cpp/ \
  && echo "llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip)" > /opt/llama.cpp/VERSION
 
@@ -194,18 +194,12 @@ RUN --mount=type=secret,id=ca \
       'torchvision[device-gfx1151]==0.26.0+rocm7.14.0' \
       torchaudio==2.11.0+rocm7.14.0 \
  && rm -rf /tmp/bnb /tmp/bnb.sha256
-# torch must report HIP 7.14, and bitsandbytes must pick libbitsandbytes_rocm714.so for it by its own
-# rule (get_cuda_bnb_library_path: a missing exact build falls back to another with only a warning),
-# which must load against this image's ROCm: its RUNPATH is /opt/rocm/lib (hipBLAS, hipBLASLt,
-# rocRAND). No GPU needed: the specs are built from torch.version.hip as bitsandbytes does.
-RUN env -u BNB_ROCM_VERSION /opt/venv/bin/python -c 'import ctypes, torch; \
-from bitsandbytes.cuda_specs import CUDASpecs, get_cuda_version_string, get_cuda_version_tuple; \
-from bitsandbytes.cextension import get_cuda_bnb_library_path; \
-hip = ".".join(str(torch.version.hip).split(".")[:2]); \
-assert hip == "7.14", f"torch.version.hip is {torch.version.hip}, the stack says HIP 7.14"; \
-lib = get_cuda_bnb_library_path(CUDASpecs((0, 0), get_cuda_version_string(), get_cuda_version_tuple())); \
-assert lib.name == "libbitsandbytes_rocm714.so", f"bitsandbytes picked {lib.name}, not libbitsandbytes_rocm714.so"; \
-ctypes.CDLL(str(lib)); print("bitsandbytes picks and loads:", lib)'
+# HIP 7.14 (the stack's): bitsandbytes must pick
+# the library for exactly that HIP by its own rule (a missing exact build falls back to another
+# HIP's with only a warning), ship it and load it against this image's ROCm (RUNPATH
+# /opt/rocm/lib); a 4-bit matmul runs where a GPU is visible, else its 4-bit entry points are
+# looked up (scripts/bnb-check.py). The build log names the library.
+RUN env -u BNB_ROCM_VERSION /opt/venv/bin/python /opt/toolbox/scripts/bnb-check.py --hip 7.14
 
 # Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
 COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
@@ -233,6 +227,7 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/pip.sh install sentencepiece==0.2.3 \
  && ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
  && llama-cli --version \
+ && llama-mtmd-cli --help >/dev/null \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 

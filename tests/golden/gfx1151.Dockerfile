@@ -112,23 +112,23 @@ RUN --mount=type=cache,target=/root/.ccache \
  && cmake --build /build/rccl-tests \
  && cmake --install /build/rccl-tests
 
-# ---- bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79: HIP backend for gfx1151 ----
+# ---- bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79: HIP backend for gfx1151, against this image's ROCm ----
+# scripts/build-bitsandbytes.sh: cmake with these flags, the library named for the HIP hipconfig
+# reports (libbitsandbytes_rocm<major><minor>.so), then the wheel; the host test
+# tests/test_bnb_source.py runs the same script on the same commit (CPU backend).
 FROM devel AS bitsandbytes-build
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/bitsandbytes-foundation/bitsandbytes 37d2a9387f7146ccb85517ff45c665d345bfda79 /src/bitsandbytes
-RUN --mount=type=cache,target=/root/.ccache \
-    cmake -S /src/bitsandbytes -B /build/bitsandbytes -GNinja \
-      -DCMAKE_BUILD_TYPE=Release \
-      -DCOMPUTE_BACKEND=hip \
-      -DBNB_ROCM_ARCH="gfx1151" \
-      -DCMAKE_HIP_COMPILER_LAUNCHER=ccache \
- && cmake --build /build/bitsandbytes
 RUN --mount=type=secret,id=ca \
+    --mount=type=cache,target=/root/.ccache \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
-    /opt/toolbox/scripts/pip.sh wheel --no-deps --wheel-dir /wheels/bitsandbytes /src/bitsandbytes
+    HIPCXX=/opt/rocm/llvm/bin/clang++ CMAKE_HIP_COMPILER_LAUNCHER=ccache \
+    BNB_BUILD_DIR=/build/bitsandbytes PIP=/opt/toolbox/scripts/pip.sh \
+    /opt/toolbox/scripts/build-bitsandbytes.sh /src/bitsandbytes /wheels/bitsandbytes \
+      -DCOMPUTE_BACKEND=hip -DBNB_ROCM_ARCH="gfx1151"
 
-# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server ----
+# ---- llama.cpp @ 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip): llama-quantize, llama-perplexity, llama-completion, llama-cli, llama-server, llama-mtmd-cli ----
 FROM devel AS llama_cpp-build
 RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/git-fetch.sh https://github.com/ggml-org/llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f /src/llama.cpp
@@ -147,9 +147,9 @@ RUN --mount=type=cache,target=/root/.ccache \
       -DGGML_HIP=ON \
       -DGPU_TARGETS="gfx1151" \
       -DCMAKE_HIP_COMPILER=/opt/rocm/llvm/bin/clang \
- && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server \
+ && cmake --build /build/llama.cpp --target llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli \
  && mkdir -p /opt/llama.cpp/bin \
- && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
+ && for t in llama-quantize llama-perplexity llama-completion llama-cli llama-server llama-mtmd-cli; do cp /build/llama.cpp/bin/$t /opt/llama.cpp/bin/; done \
  && cp -r /src/llama.cpp/convert_hf_to_gguf.py /src/llama.cpp/conversion /src/llama.cpp/gguf-py /opt/llama.cpp/ \
  && echo "llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f (hip)" > /opt/llama.cpp/VERSION
 
@@ -200,7 +200,7 @@ RUN /opt/venv/bin/python -c 'import torch; maps = {l.split()[-1] for l in open("
 # COMGR beside it; the build log says which (toolbox/rccl/hipcheck.py: the reports it prevents).
 RUN /opt/venv/bin/python /opt/toolbox/scripts/hip-runtime-check.py --load librccl.so.1
 
-# bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79
+# bitsandbytes 0.50.1 @ 37d2a9387f7146ccb85517ff45c665d345bfda79, built above for this image's HIP
 COPY --from=bitsandbytes-build /wheels/bitsandbytes/ /opt/toolbox/wheels/bitsandbytes/
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,target=/root/.cache/pip \
@@ -209,6 +209,12 @@ RUN --mount=type=secret,id=ca \
       torch==2.11.0+rocm7.13.0 \
       torchvision==0.26.0+rocm7.13.0 \
       torchaudio==2.11.0+rocm7.13.0
+# HIP 7.13 (the stack's): bitsandbytes must pick
+# the library for exactly that HIP by its own rule (a missing exact build falls back to another
+# HIP's with only a warning), ship it and load it against this image's ROCm (RUNPATH
+# /opt/rocm/lib); a 4-bit matmul runs where a GPU is visible, else its 4-bit entry points are
+# looked up (scripts/bnb-check.py). The build log names the library.
+RUN env -u BNB_ROCM_VERSION /opt/venv/bin/python /opt/toolbox/scripts/bnb-check.py --hip 7.13
 
 # Hugging Face stack and every other package of the stack's Python lock, each file's sha256 checked
 COPY python-lock/all.txt /opt/toolbox/python-lock/all.txt
@@ -237,6 +243,7 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/pip.sh install sentencepiece==0.2.3 \
  && ln -s /opt/llama.cpp/bin/llama-* /usr/local/bin/ \
  && llama-cli --version \
+ && llama-mtmd-cli --help >/dev/null \
  && /opt/venv/bin/python /opt/llama.cpp/convert_hf_to_gguf.py --help >/dev/null
 ENV LLAMA_CPP_DIR=/opt/llama.cpp
 

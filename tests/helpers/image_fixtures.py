@@ -10,7 +10,6 @@ enginekit.py, not in the product.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -18,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.enginekit import (BASE_REF, CACHE, Dockerd, TestUser, ca_bundle, need, podman, toolbox,
-                               wheelhouse)
+from helpers.enginekit import Dockerd, TestUser, need
+from helpers.prebuilt import build_cpu_image, ensure_base_image, seed_buildkit_caches
 
 
 def _wait_for_socket(sock: Path, proc: subprocess.Popen, what: str, log: Path, seconds: int = 60) -> None:
@@ -42,25 +41,7 @@ def _wait_for_socket(sock: Path, proc: subprocess.Popen, what: str, log: Path, s
 
 @pytest.fixture(scope="session")
 def base_image() -> str:
-    need("podman")
-    if podman("image", "exists", BASE_REF, check=False).returncode == 0:
-        return BASE_REF
-    need("debootstrap")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tarball = CACHE / "bookworm-minbase.tar"
-    if not tarball.exists():
-        rootfs = CACHE / "bookworm-rootfs"
-        shutil.rmtree(rootfs, ignore_errors=True)
-        subprocess.run(
-            ["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"],
-            check=True, capture_output=True, text=True, timeout=1200,
-        )
-        tmp = tarball.with_suffix(".tmp")
-        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tmp), "."], check=True)
-        tmp.rename(tarball)
-        shutil.rmtree(rootfs, ignore_errors=True)
-    podman("import", str(tarball), BASE_REF)
-    return BASE_REF
+    return ensure_base_image()
 
 
 @pytest.fixture(scope="session")
@@ -88,20 +69,15 @@ def podman_socket(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cpu_image(base_image) -> dict:
     """The cpu stack built once with `toolbox build` (podman); its tag and the build output."""
-    cp = toolbox(
-        "build", "--stack", "cpu", "--engine", "podman",
-        "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()),
-        check=True,
-    )
-    tag = next(line.split(None, 1)[1].strip() for line in cp.stdout.splitlines() if line.startswith("image:"))
-    return {"tag": tag, "stdout": cp.stdout}
+    return build_cpu_image()
 
 
 @pytest.fixture(scope="session")
 def dockerd(base_image, tmp_path_factory):
     """A real Docker daemon (Debian's docker.io) of our own, off the host's network set-up, with
-    the podman-made base image loaded (`podman save | docker load`); stopped and its leftovers
-    (netns mounts, /etc/docker, /run/docker, /run/containerd) removed at the end."""
+    the podman-made base image loaded (`podman save | docker load`) and podman's build caches
+    (ccache, pip) copied into its BuildKit cache mounts; stopped and its leftovers (netns mounts,
+    /etc/docker, /run/docker, /run/containerd) removed at the end."""
     need("dockerd")
     if os.geteuid() != 0:
         pytest.skip("dockerd needs root")
@@ -116,6 +92,9 @@ def dockerd(base_image, tmp_path_factory):
         save.stdout.close()
         if save.wait() != 0 or load.returncode != 0:
             pytest.fail(f"podman save | docker load failed: {load.stderr}")
+        # llama.cpp compiled once per run: podman's build filled a ccache that this daemon's
+        # BuildKit build of the same Dockerfile uses (the build itself stays a whole BuildKit build)
+        print(seed_buildkit_caches(d.cli(), base_image, d.root))
         yield d
     finally:
         proc.terminate()

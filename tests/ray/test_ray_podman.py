@@ -16,38 +16,19 @@ from pathlib import Path
 import pytest
 
 import netns_harness as nh
-from helpers.enginekit import CACHE, podman
+from helpers.enginekit import podman
+from helpers.prebuilt import ensure_ray_image
 from helpers.tiny import write_dataset, write_train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 6391
-RAY = "ray[train]==2.60.0"
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def ray_image(cpu_image) -> str:
-    """The cpu image plus ray[train], from wheels fetched on this host (kept in the test cache)."""
-    tag = "localhost/toolbox-test-ray:" + cpu_image["tag"].rsplit(":", 1)[-1]
-    if podman("image", "exists", tag, check=False).returncode == 0:
-        return tag
-    wheels = CACHE / "ray-wheels"
-    if not any(wheels.glob("ray-2.60.0-*.whl")):
-        wheels.mkdir(parents=True, exist_ok=True)
-        # The image's Python is Debian bookworm's 3.11, as this host's test venv (cp311 wheels).
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(wheels), RAY],
-                       check=True, timeout=900)
-    ctx = CACHE / "ray-image-context"
-    shutil.rmtree(ctx, ignore_errors=True)
-    shutil.copytree(wheels, ctx / "wheels")
-    (ctx / "Containerfile").write_text(
-        f"FROM {cpu_image['tag']}\nCOPY wheels /tmp/wheels\n"
-        f"RUN /opt/venv/bin/python -m pip install -q --no-index --find-links /tmp/wheels '{RAY}' && rm -rf /tmp/wheels"
-        " && ln -sf /opt/venv/bin/ray /usr/local/bin/ray\n")
-    r = podman("build", "-q", "-t", tag, str(ctx), check=False)
-    shutil.rmtree(ctx, ignore_errors=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tag
+    """The cpu image plus ray[train] (helpers/prebuilt.py; tests/prebuild.py makes it before pytest)."""
+    return ensure_ray_image(cpu_image["tag"])
 
 
 @pytest.fixture(scope="module")

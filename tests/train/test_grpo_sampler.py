@@ -28,7 +28,7 @@ def test_auto_picks_by_machine_and_backend_and_maps_onto_trl():
     assert generation.pick(cfg.grpo, "hf", gpu=True)[0] == "transformers-static"
     # backend unsloth: its own generation (the static cache on top measured no faster, H100)
     assert generation.pick(cfg.grpo, "unsloth", gpu=True) == ("transformers", (
-        "auto: backend unsloth, its own generation (H100, 2026-12-06: 2.11 s a GRPO step, "
+        "auto: backend unsloth, its own generation (H100, 2026-12-06: 2.11 s a step, "
         "4.4x TRL's default path on hf)"))
     paged = TrainConfig.model_validate({**base, "grpo": {"generation": "transformers-paged"}})
     assert generation.pick(paged.grpo, "hf", gpu=True) == ("transformers-paged", "set in the config")

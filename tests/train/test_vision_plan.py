@@ -103,3 +103,36 @@ def test_the_plan_counts_a_training_tower(method):
     assert trains.peak - frozen.peak >= act
     ckpt = M.estimate(shape, M.Setting(**{**trains.setting.__dict__, "gradient_checkpointing": True}))
     assert ckpt.parts["vision_tower_activations"] < act  # block inputs kept, one block recomputed
+
+
+def test_the_plan_takes_the_most_images_a_row_holds(tmp_path, tiny_vlms):
+    """Preflight plans again at the most images a row of the data holds (the first plan, from config.json, counts
+    one): the training tower's activations and the peak grow by the patches of the extra images; a frozen tower's
+    plan does not change."""
+    import json
+
+    from helpers.tiny import train_config
+    from helpers.tiny_vision import image_rows
+    from toolbox_train.planning import preflight, run as R
+
+    model = tiny_vlms("gemma3")
+
+    def planned(per_row: int, parts: list[str]):
+        folder = tmp_path / f"d{per_row}-{len(parts)}"
+        rows = image_rows(4, folder / "images")
+        for r in rows:  # the row's user turn asks about `per_row` copies of its picture
+            r["messages"][0]["content"] = [{"type": "image"}] * per_row + [{"type": "text", "text": "what colour?"}]
+            r["images"] = r["images"] * per_row
+        (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        cfg = train_config(model, folder / "train.jsonl", tmp_path / f"out{per_row}-{len(parts)}",
+                           **{"vision.train": parts, "data.max_seq_length": 256})
+        p = R.resolve(cfg, device_memory="8GiB", probe_device=False)
+        p, _, _ = preflight.validate(p)
+        return p.memory.estimate()
+
+    one, three = planned(1, ["language", "vision"]), planned(3, ["language", "vision"])
+    assert three.setting.patches_per_row == 3 * one.setting.patches_per_row > 0
+    assert three.parts["vision_tower_activations"] == pytest.approx(3 * one.parts["vision_tower_activations"])
+    assert three.peak > one.peak
+    frozen_one, frozen_three = planned(1, ["language"]), planned(3, ["language"])
+    assert frozen_three.peak == frozen_one.peak and "vision_tower_activations" not in frozen_three.parts

@@ -1,15 +1,19 @@
-"""bitsandbytes: built for the stack's GPU targets from a pinned commit (HIP backend), or the
-released PyPI wheel (hash-checked) where its ROCm builds cover the stack's ROCm (0.50.1 ships
-libbitsandbytes_rocm714.so with gfx1151 code; none for 7.13)."""
+"""bitsandbytes: built from a pinned commit (a release tag's) with the HIP backend for the stack's
+GPU targets against the image's own ROCm, so the library is for exactly the image's HIP
+(dockerfiles/scripts/build-bitsandbytes.sh); or the released PyPI wheel (hash-checked) where its
+ROCm builds cover the stack's HIP (0.50.2 ships rocm64/70/71/72/714/715, not 7.13's or 7.16's).
+Either way the image build runs scripts/bnb-check.py: the exact library for torch's HIP, loaded,
+its 4-bit path called (on a GPU) or looked up (without one)."""
 
 from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, Model
+from toolbox.components import Component, ContextFile, Model
 from toolbox.components.values import (
     check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version as _version,
 )
+from toolbox.paths import PROJECT_ROOT
 
 
 def _pins(stack):
@@ -33,6 +37,13 @@ def rocm_library(stack) -> str | None:
     None where HIP's version is read in the image build."""
     h = hip(stack)
     return None if h is None else f"libbitsandbytes_rocm{''.join(h.split('.')[:2])}.so"
+
+
+CHECK = PROJECT_ROOT / "dockerfiles" / "scripts" / "bnb-check.py"
+
+
+def _context(stack):
+    return [ContextFile("scripts/bnb-check.py", src=CHECK)]
 
 
 def _built(stack) -> bool:
@@ -72,6 +83,6 @@ COMPONENT = Component(
     block=Bitsandbytes, field=Field(None, description='bitsandbytes built from source (platform rocm only)'),
     applies=lambda s: s.model.bitsandbytes is not None and s.model.platform == "rocm",
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
-    builds=_built, needs_devel=_built,
+    builds=_built, needs_devel=_built, context=_context,
     variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": hip(s)},
 )

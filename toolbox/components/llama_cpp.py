@@ -1,6 +1,7 @@
 """llama.cpp: the GGUF converter and the programs export/evaluate run (llama-quantize,
-llama-perplexity, llama-completion, llama-cli, llama-server), built in a builder stage with
-ccache for the stack's accelerator and copied to /opt/llama.cpp in the runtime stage.
+llama-perplexity, llama-completion, llama-cli, llama-server), and llama-mtmd-cli, which runs the
+vision GGUF + mmproj pair export-model writes for an image-text run; built in a builder stage
+with ccache for the stack's accelerator and copied to /opt/llama.cpp in the runtime stage.
 
 Source: git at a 40-hex commit, or the llama-cpp-python sdist from PyPI (version + sha256),
 which vendors the whole llama.cpp tree, for builds that reach PyPI only (this project's CI).
@@ -16,7 +17,7 @@ from toolbox.components.values import (
     as _version,
 )
 
-TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion", "llama-cli", "llama-server")
+TARGETS = ("llama-quantize", "llama-perplexity", "llama-completion", "llama-cli", "llama-server", "llama-mtmd-cli")
 
 
 def _pins(stack):

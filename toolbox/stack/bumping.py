@@ -8,19 +8,24 @@
   +rocm7.15..., so "the newest" is only ever taken among one ROCm's builds) in its pip index;
   torchvision 0.(minor+15) as PyTorch pairs them, torchaudio at torch's version or the newest
   below it (ROCm 10.0: 2.11.0.2 with torch 2.13.0); torch.wheels URLs written in the stack file
-  are re-pinned to the new files (the page's sha256, or downloaded and hashed). The wheels coupled
-  to them (device wheels, triton, rocm-sdk-*) are not: AMD's index gives no sha256 for these
-  multi-hundred-MB files and triton's build hash is not derived from torch's version; a bump that
-  leaves their pins stale is refused by the stack's check, naming the field. ROCm 10's stable
+  are re-pinned to the new files with the whole set coupled to them (device wheels, triton,
+  rocm-sdk-*, the rocm sdist; not rocm-bootstrap and setuptools), as `bump rocm --to` writes a new
+  line: each in the whl-next/<name>/<file> form (the index URL the stack names, not where it
+  redirects), with the page's sha256 or the file downloaded and hashed; triton is the newest build
+  of the stack's +rocm line (its build hash is not derived from torch's version). A set the file
+  writes only in part (the rest inherited), or one the index lacks a file of, is refused in one
+  line and nothing is written. ROCm 10's stable
   repository: tarballs in core/tarball/, wheels in whl-next/ (which redirects each project to
   pytorch/whl-next/ or core/whl-next/; links are resolved where the page is). A multi-arch index (torch.multi_arch, whl-multi-arch/) must also list
   amd-torch-device-<target> at that torch version for every GPU target.
   `--to 10.1` on a stack of ROCm 10.0 (each 10.x minor is a torch line of its own) writes a new
   stack beside it (gfx1151-rocm10.1) extending it, from that release's own files
   (new_line: each file hashed, the whole set the old stack pins at the new
-  line's files in the whl-next/<name>/<file> form; rocm-bootstrap and setuptools keep their pins).
+  line's files in the whl-next/<name>/<file> form; rocm-bootstrap and setuptools keep their pins;
+  a PyPI bitsandbytes becomes a build from its release tag where the new line's HIP differs).
 - rccl, bitsandbytes, unsloth, unsloth_zoo, therock: a git ref (--to TAG|BRANCH, default the
-  remote's HEAD) resolved to its 40-hex commit with `git ls-remote`.
+  remote's HEAD) resolved to its 40-hex commit with `git ls-remote`; bitsandbytes --to X.Y.Z (a
+  release tag) writes that version too, which the wheel built from the tag carries.
 - base: an image tag resolved to its manifest digest through the registry's v2 API.
 
 The file is edited line by line (comments stay), re-validated, then written atomically.
@@ -40,7 +45,7 @@ from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.stack import wheel_index
 from toolbox.stack.load import STACKS_DIR, load_stack, resolve_ref
-from toolbox.stack.remote import _open, resolve_digest, resolve_git, sha256_url
+from toolbox.stack.remote import NotFound, _open, resolve_digest, resolve_git, sha256_url
 from toolbox.stack.source import field_lines
 from toolbox.components.values import UNCOUPLED
 
@@ -137,26 +142,32 @@ def resolve_torch(stack, index_url: str, to: str | None, rocm: str | None = None
 
 
 def _rewheel(stack, index_url: str, versions: dict[str, str], interp: str | None) -> dict[str, str]:
-    """torch.wheels entries that the stack file writes, for the versions just resolved: the
-    index's wheel for the image's Python, with the page's #sha256= or the file downloaded and
-    hashed (a stale URL would pin the old version's bytes, and the stack would be refused)."""
-    from packaging.version import Version
-
-    out = {}
+    """torch.wheels entries that the stack file writes, for the versions just resolved: torch's and
+    every wheel coupled to it (a stale one would pin the old version's bytes, and the stack would
+    be refused), from the stack's own ROCm line. Refused, naming them: a set the file writes in
+    part, or files the index does not have."""
     path = stack.source
-    for name in stack.model.torch.wheels:
-        key = f"torch.wheels.{name}"
-        if not _has(path, key) or f"torch.{name}" not in versions:
-            continue
-        want = Version(versions[f"torch.{name}"])
-        found = sorted((w for w in _index_wheels(index_url, name) if w.version == want and w.runs_on_linux_x86_64()
-                        and (interp is None or {interp, "py3"} & w.interpreters)), key=lambda w: w.filename)
-        if not found:
-            raise ToolError(f"{wheel_index.project_url(index_url, name)}: no {name} {want} wheel"
-                            + (f" for {interp}" if interp else "") + " (linux x86_64) to pin torch.wheels by")
-        w = found[0]
-        out[key] = f"{w.url}#sha256={w.sha256 or sha256_url(w.url)}"
-    return out
+    names = [n for n in stack.model.torch.wheels if n not in UNCOUPLED]
+    written = [n for n in names if _has(path, f"torch.wheels.{n}")]
+    if not written:
+        return {}
+    inherited = [n for n in names if n not in written]
+    if inherited:
+        raise UserError(f"{path}: torch.wheels: bump torch re-pins the whole coupled set, and "
+                        f"{', '.join(inherited)} {'is' if len(inherited) == 1 else 'are'} not written in this file "
+                        "(inherited): write the whole set here, or bump the stack that pins it")
+    rocm = stack.model.rocm.version
+    found, missing = {}, []
+    for n in written:
+        want = _want(n, versions, rocm)
+        ref = _wheel_ref(index_url, n, want, interp, missing_ok=True)
+        if ref is None:
+            missing.append(f"{n} {want.replace('*+', '*.')}")
+        found[f"torch.wheels.{n}"] = ref
+    if missing:
+        raise UserError(f"{path}: bump torch to {versions['torch.torch']}: {index_url} lacks {'; '.join(missing)}"
+                        f"{' (for ' + interp + ')' if interp else ''}: the coupled set would be partial; nothing written")
+    return found
 
 
 def _yaml_scalar(value) -> str:
@@ -229,6 +240,9 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
             raise UserError(f"{path}: {block}: source is {obj.source}, not git: no commit to bump (edit its "
                             f"version, then `toolbox lock --stack {stack.model.name}`)")
         changes[f"{block}.{commit_field}"] = resolve_git(getattr(obj, repo_field), to)
+        if component == "bitsandbytes" and to and re.fullmatch(r"v?\d+\.\d+\.\d+", to):
+            # a release tag: the wheel the image builds carries that version (its install step names it)
+            changes["bitsandbytes.version"] = to.lstrip("v")
         if hasattr(obj, "unverified") and component != "unsloth_zoo":
             changes[f"{block}.unverified"] = False
     changes = {k: v for k, v in changes.items() if k.endswith("unverified") is False or _has(path, k)}
@@ -283,8 +297,18 @@ def _want(name: str, versions: dict[str, str], rocm: str) -> str:
     return f"*+{local}" if name == "triton" else rocm  # rocm-sdk-*, the rocm sdist
 
 
-def _wheel_ref(index_url: str, name: str, want: str, interp: str | None) -> str:
-    """'<index>/<name>/<file>#sha256=<hex>' of the new line's file for `name`."""
+def _wheel_ref(index_url: str, name: str, want: str, interp: str | None, missing_ok: bool = False) -> str | None:
+    """'<index>/<name>/<file>#sha256=<hex>' of the new line's file for `name` (None where the index
+    has none and `missing_ok`)."""
+    try:
+        return _find_ref(index_url, name, want, interp, missing_ok)
+    except NotFound:
+        if missing_ok:
+            return None
+        raise
+
+
+def _find_ref(index_url: str, name: str, want: str, interp: str | None, missing_ok: bool) -> str | None:
     if name == "rocm":  # an sdist: the page's .tar.gz link
         url = wheel_index.project_url(index_url, name)
         with _open(url) as resp:
@@ -292,6 +316,8 @@ def _wheel_ref(index_url: str, name: str, want: str, interp: str | None) -> str:
         files = [f for f in re.findall(r'href="([^"#]+\.tar\.gz)', page)
                  if str(parse_sdist_filename(urllib.parse.unquote(f.rsplit("/", 1)[-1]))[1]) == want]
         if not files:
+            if missing_ok:
+                return None
             raise ToolError(f"{url}: no rocm {want} sdist to pin torch.wheels.rocm by")
         file, link = urllib.parse.unquote(files[0].rsplit("/", 1)[-1]), urllib.parse.urljoin(at, files[0])
         sha = None
@@ -301,6 +327,8 @@ def _wheel_ref(index_url: str, name: str, want: str, interp: str | None) -> str:
                         and (w.version == Version(want) if not want.startswith("*+")
                              else f".{w.version.local}".endswith(f".{want[2:]}"))), key=lambda w: w.version)
         if not found:
+            if missing_ok:
+                return None
             raise ToolError(f"{wheel_index.project_url(index_url, name)}: no {name} {want} wheel"
                             + (f" for {interp}" if interp else "") + " (linux x86_64) to pin torch.wheels by")
         file, link, sha = found[-1].filename, found[-1].url, found[-1].sha256
@@ -342,7 +370,15 @@ def new_line(path: Path, stack, version: str, url: str) -> dict[str, object]:
     lines += ["rccl:", f"  commit: {commit}"] if stack.model.rccl is not None else []
     lines += ["torch:"] + [f"  {k.split('.', 1)[1]}: {q(v)}" for k, v in torch.items()]
     lines += ["  wheels:"] + [f"    {n}: {ref}" for n, ref in wheels.items()] if wheels else []
+    b, built = stack.model.bitsandbytes, {}
+    if b is not None and b.source == "pypi" and hip and hip != stack.model.rocm.hip:
+        # A released wheel has libraries for the HIPs it was built against, and a fallback to
+        # another HIP's was seen crashing: the new HIP gets its own build, from the release's tag.
+        built = {"bitsandbytes.commit": resolve_git(b.repo, b.version)}
+        lines += ["bitsandbytes:", f"  # built for HIP {hip} from tag {b.version} ({parent}'s wheel is for HIP {stack.model.rocm.hip})",
+                  "  source: git", f"  repo: {b.repo}", f"  commit: {built['bitsandbytes.commit']}",
+                  f"  version: {q(b.version)}", "  wheel_sha256: null"]
     text = "\n".join(lines) + "\n"
     _write_checked(out, text)
     return {"stack": str(out), "rocm.version": version, "rocm.tarball.sha256": sha, "rocm.hip_version": hip,
-            "rccl.commit": commit, **torch}
+            "rccl.commit": commit, **torch, **built}

@@ -12,10 +12,18 @@ import urllib.request
 from toolbox.errors import ToolError, UserError
 
 
+class NotFound(ToolError):
+    """The server answered 404: nothing there (a project an index does not list)."""
+
+
 def _open(url: str, method: str = "GET", headers: dict | None = None):
     req = urllib.request.Request(url, method=method, headers=headers or {})
     try:
         return urllib.request.urlopen(req, timeout=60)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise NotFound(f"cannot reach {url}: {exc.reason}") from None
+        raise ToolError(f"cannot reach {url}: {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise ToolError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
     except ValueError as exc:  # http.client.InvalidURL and the like: what the URL was built from

@@ -140,7 +140,7 @@ def _gguf(f: Path, fix: str) -> Path:
 def _hf_generate(model, tok, prompt: str, n: int) -> str:
     import torch
 
-    enc = tok(prompt, return_tensors="pt")
+    enc = tok(prompt, return_tensors="pt").to(model.device)  # the model may be on the GPU (scoring_device)
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id or tok.eos_token_id)
     return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)

@@ -43,15 +43,16 @@ def answer_perplexity(model, collator, examples: list[dict], batch: int = 4) -> 
     import torch
 
     nll, count = 0.0, 0
+    device = next(model.parameters()).device
     with torch.no_grad():
         for i in range(0, len(examples), batch):
-            b = collator(examples[i:i + batch])
+            b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(examples[i:i + batch]).items()}
             labels = b.pop("labels")
-            logits = model(**b).logits[:, :-1].float()
             target = labels[:, 1:]
             keep = target != -100
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, target.clamp(min=0)[..., None])[..., 0]
-            nll -= lp[keep].sum().item()
+            # only the scored positions in fp32 (a bf16 model on the GPU: its logits are bf16)
+            logits = model(**b).logits[:, :-1][keep].float()
+            nll += torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum").item()
             count += int(keep.sum())
     if count == 0:
         raise UserError("held-out image rows: no answer tokens to score (every row's answer was cut or empty)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from toolbox_train.contract import UserError
+from toolbox_train.data.images import FORMAT as IMAGE_ROWS
 from toolbox_train.units.objective import HEADS
 from toolbox_train.models import vision
 from toolbox_train.models.arithmetic import expert_targets, moe_experts
@@ -16,13 +17,17 @@ from toolbox_train.models.arithmetic import expert_targets, moe_experts
 VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
 
 
-def lora_targets(p):
+def lora_targets(p, model=None):
+    """PEFT's target_modules. A vision-language model's: the full paths of the Linear modules of the parts
+    vision.train names (models/vision.py: by module path and kind; default the language model only, as for text
+    rows, which never reach the vision tower), read off `model` or the run's model built on the meta device (the
+    same class and paths as the one the loader gives)."""
     t = p.cfg.lora.target_modules
     if not p.multimodal:
         return t
-    # A vision-language model: by module path, the parts vision.train names (default: the language model only,
-    # as for text rows, which never reach the vision tower); its vision blocks reuse the language model's names.
-    return vision.lora_target_regex(p.cfg.vision.train, t)
+    # none: named modules of no part that trains (PEFT's NoMatchingPeftModuleError, which check_adapter turns into
+    # one line naming them), or [projector] alone (preflight refuses it)
+    return vision.lora_target_names(model if model is not None else meta_model(p), p.cfg.vision.train, t)
 
 
 def lora_target_parameters(p) -> list[str]:
@@ -34,14 +39,15 @@ def lora_target_parameters(p) -> list[str]:
     return expert_targets(getattr(p.model_config, "model_type", ""), p.cfg.lora.target_modules)
 
 
-def peft_config(p):
-    """`p`: the run (planning.run.ResolvedRun)."""
+def peft_config(p, model=None):
+    """`p`: the run (planning.run.ResolvedRun); `model`: the model it adapts, or its meta-device twin (a
+    vision-language model's targets are read off it; built here where not given)."""
     from peft import LoraConfig
 
     c = p.cfg.lora
     experts = lora_target_parameters(p)
     whole = list(vision.PROJECTOR_MODULES) if p.multimodal and "projector" in p.cfg.vision.train else None
-    return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p),
+    return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p, model),
                       bias="none", task_type=HEADS[head(p)][1], modules_to_save=whole,
                       **({"target_parameters": experts} if experts else {}))
 
@@ -63,7 +69,8 @@ def meta_model(p):
     import torch
     import transformers
 
-    auto = HEADS[head(p)][0]  # the objective's model class (a score head's labels do not matter here)
+    # the objective's model class (a score head's labels do not matter here); image rows: the one load_vision uses
+    auto = HEADS[head(p, image_rows=getattr(p, "data_format", None) == IMAGE_ROWS)][0]
     with torch.device("meta"):
         return getattr(transformers, auto).from_config(p.model_config, trust_remote_code=p.cfg.model.trust_remote_code)
 
@@ -72,7 +79,10 @@ def adapter_shapes(p, built=None) -> dict[str, list[int]]:
     """Name -> shape of the PEFT adapter this run trains and saves, built on the meta device (or `built`)."""
     from peft import get_peft_model, get_peft_model_state_dict
 
-    sd = get_peft_model_state_dict(built if built is not None else get_peft_model(meta_model(p), peft_config(p)))
+    if built is None:
+        model = meta_model(p)
+        built = get_peft_model(model, peft_config(p, model))
+    sd = get_peft_model_state_dict(built)
     return {k: list(v.shape) for k, v in sd.items()}
 
 
@@ -142,7 +152,7 @@ def check_adapter(p) -> tuple[int | None, list[str]]:
     model = meta_model(p)
     names = module_names(model, p.multimodal)
     try:
-        built = get_peft_model(model, peft_config(p))
+        built = get_peft_model(model, peft_config(p, model))
         unmatched = unmatched_targets(p, built) if named else []
     except NoMatchingPeftModuleError:  # no entry matched: each is named below, with what the model has
         built, unmatched = None, list(cfg.lora.target_modules)

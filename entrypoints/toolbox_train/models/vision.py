@@ -1,6 +1,6 @@
 """The processor of a vision-language model, and which of its parts train on image rows (vision.train:
 language, vision, projector), told by module path: SigLIP's and Qwen's vision blocks reuse the language
-model's q_proj/gate_proj/... names, so LoRA targets are chosen by path, never by name alone."""
+model's q_proj/gate_proj/... names, so LoRA targets are chosen by path and module kind, never by name alone."""
 
 from __future__ import annotations
 
@@ -16,10 +16,6 @@ PROJECTOR_PATHS = r"multi_modal_projector|visual\.merger|connector|mm_projector"
 VISION_PATHS = r"vision_tower|visual|vision_model"
 PROJECTOR = re.compile(rf"(^|\.)({PROJECTOR_PATHS})(\.|$)")
 VISION = re.compile(rf"(^|\.)({VISION_PATHS})(\.|$)")
-# all-linear in the vision tower: SigLIP's attention and MLP (q/k/v/out_proj, fc1, fc2), Qwen2.5-VL's (qkv, proj,
-# gate/up/down_proj), Qwen3-VL's (qkv, proj, linear_fc1/2).
-VISION_LINEAR = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2", "qkv", "proj", "gate_proj", "up_proj",
-                 "down_proj", "linear_fc1", "linear_fc2")
 
 
 def part_of(name: str) -> str:
@@ -47,17 +43,35 @@ def _names(names) -> str:
 
 
 def lora_target_regex(train, target_modules) -> str:
-    """PEFT target_modules, a regex over module paths: the named (or all-linear) Linear modules of the language
-    model and, where `train` has it, the vision tower; no other part's modules, whatever their names."""
+    """The module paths LoRA may adapt, a regex: the named (or all-linear) modules of the language model and,
+    where `train` has it, the named (or any) modules of the vision tower; no other part's modules, whatever their
+    names. lora_target_names keeps the Linear ones."""
     every = target_modules == "all-linear"
     keep = []
     if "language" in train:
         lang = _names(LORA_ALL_LINEAR if every else target_modules)
-        keep.append(rf"(?!(.*\.)?({VISION_PATHS}|{PROJECTOR_PATHS})\.).*\.({lang})")
+        keep.append(rf"(?!(.*\.)?({VISION_PATHS}|{PROJECTOR_PATHS})(\.|$)).*\.({lang})")
     if "vision" in train:
-        vis = _names(VISION_LINEAR if every else target_modules)
-        keep.append(rf"(?!(.*\.)?({PROJECTOR_PATHS})\.)(.*\.)?({VISION_PATHS})\..*\.({vis})")
-    return rf"^({'|'.join(keep)})$"
+        vis = ".*" if every else rf".*\.({_names(target_modules)})"
+        keep.append(rf"(?!(.*\.)?({PROJECTOR_PATHS})(\.|$))(.*\.)?({VISION_PATHS})\.{vis}")
+    return rf"^({'|'.join(keep)})$" if keep else r"(?!)"
+
+
+def lora_target_names(model, train, target_modules) -> list[str]:
+    """PEFT target_modules on a vision-language model: the full paths of the modules LoRA adapts, chosen by path
+    (lora_target_regex) and by module kind. In the vision tower only nn.Linear modules: Qwen-VL's patch embedding
+    is an nn.Conv3d named `proj`, as its blocks' attention output is, and a name pattern put LoRA on it (issue
+    44); SigLIP's is an nn.Conv2d. In the language model the all-linear names' nn.Linear modules (never the LM
+    head: `lm_head` lies outside it), or the modules named in lora.target_modules that PEFT adapts as it would on
+    text (Linear, Embedding, Conv1D). PEFT's own all-linear cannot be used here: it reduces the Linear modules to
+    their last names (`proj`), which match the convolution again."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    rx = re.compile(lora_target_regex(train, target_modules))
+    named = (torch.nn.Linear,) if target_modules == "all-linear" else (torch.nn.Linear, torch.nn.Embedding, Conv1D)
+    kinds = {"vision": (torch.nn.Linear,), "language": named, "projector": ()}  # the projector: never (whole)
+    return [n for n, m in model.named_modules() if n and rx.fullmatch(n) and isinstance(m, kinds[part_of(n)])]
 
 
 # LoRA with vision.train's projector: the projector trained whole (PEFT's modules_to_save, matched by the end of
@@ -104,6 +118,13 @@ def load_processor(path: str, revision: str | None = None, trust_remote_code: bo
     if not isinstance(proc, ProcessorMixin) or getattr(proc, "image_processor", None) is None:
         raise UserError(f"model.path: {path}: has no image processor (processor_config.json / "
                         "preprocessor_config.json); image rows need one")
+    try:  # the ids the model reads its image tokens and markers by (image_token_ids); no config: the names only
+        from transformers import AutoConfig
+
+        mc = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        setattr(proc, CONFIG_IDS, frozenset(config_image_ids(mc)))
+    except Exception:  # a folder with the processor only (a LoRA run's): the model's loader says what is missing
+        pass
     return proc
 
 
@@ -114,25 +135,51 @@ def marker_count(proc, text: str) -> int:
     return text.count(mark) if isinstance(mark, str) and mark else -1
 
 
-# The processor / tokenizer attributes naming the tokens an image becomes (never a label).
+# The processor / tokenizer attributes naming the tokens an image becomes or is framed by (never a label).
+# transformers 5.17's Qwen2_5_VLProcessor names only image_token / video_token, not vision_start / vision_end.
 IMAGE_TOKEN_ATTRS = ("image_token", "boi_token", "eoi_token", "vision_start_token", "vision_end_token",
                      "video_token")
+# The markers' strings where neither names them: those transformers' own Qwen-VL processors fall back to
+# (<|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|>), and Gemma 3's; taken only where the tokenizer
+# has the string as an added token.
+IMAGE_MARKERS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<start_of_image>",
+                 "<end_of_image>", "<image_soft_token>")
+# The model config's fields naming them: Gemma 3 / Llama 4 image, boi, eoi_token_index; Llava, PaliGemma, Mistral 3
+# image_token_index; Qwen2/2.5/3-VL image, video, vision_start, vision_end_token_id; Gemma 3n boi/eoi_token_id.
+CONFIG_MARKER = re.compile(r"(image|video|vision_start|vision_end|boi|eoi)_token_(id|index)")
+CONFIG_IDS = "toolbox_config_image_ids"  # where load_processor keeps the config's ids on the processor
+
+
+def config_image_ids(mc) -> set[int]:
+    """The ids the model config's fields give the image tokens and markers (the ids the model itself reads)."""
+    doc = mc.to_dict() if hasattr(mc, "to_dict") else dict(mc)
+    return {v for k, v in doc.items() if CONFIG_MARKER.fullmatch(k) and isinstance(v, int) and v >= 0}
 
 
 def image_token_ids(proc) -> set[int]:
+    """The ids of the tokens an image becomes and of its start/end markers (Gemma 3: image, boi, eoi; Qwen-VL:
+    image_pad, video_pad, vision_start, vision_end): from the processor's and tokenizer's named tokens, the
+    model config's fields where load_processor read them, and the families' marker strings."""
     tok = proc.tokenizer
-    ids = set()
+    added = tok.get_added_vocab()
+    ids = set(getattr(proc, CONFIG_IDS, ()))
+
+    def add(t):
+        i = tok.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i != tok.unk_token_id:
+            ids.add(i)
+
     for owner in (proc, tok):
         for attr in IMAGE_TOKEN_ATTRS:
             t = getattr(owner, attr, None)
             if isinstance(t, str):
-                i = tok.convert_tokens_to_ids(t)
-                if isinstance(i, int) and i != tok.unk_token_id:
-                    ids.add(i)
-    for attr in ("image_token_id", "video_token_id"):
-        i = getattr(proc, attr, None)
-        if isinstance(i, int):
-            ids.add(i)
+                add(t)
+            i = getattr(owner, attr + "_id", None)
+            if isinstance(i, int) and i >= 0:
+                ids.add(i)
+    for t in IMAGE_MARKERS:
+        if t in added:
+            add(t)
     return ids
 
 

@@ -1,8 +1,9 @@
 """Reward functions named in a section's `rewards` (an objective unit's that scores completions, with
-the field they are written under: `grpo.rewards`): two built-ins (a format check by regex, a length
-penalty) and `module:function`, a module.py beside the config or an installed module, or a reward
-model's folder. Resolved and called once on a few rows (`trial`) before the model loads, so a typo, a
-function that raises or returns no number per completion is exit 2, not a failure after loading.
+the field they are written under: `grpo.rewards`): three built-ins (a format check by regex, a length
+penalty, python_tests: the code against the row's tests in the sandbox) and `module:function`, a
+module.py beside the config or an installed module, or a reward model's folder. Resolved and called
+once on a few rows (`trial`) before the model loads, so a typo, a function that raises or returns no
+number per completion, a sandbox that cannot run here, is exit 2, not a failure after loading.
 
 A reward function is TRL's: `f(prompts, completions, **columns) -> list[float]`, one per
 completion; conversational completions are lists of messages (the text is the last's content).
@@ -11,6 +12,7 @@ completion; conversational completions are lists of messages (the text is the la
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from toolbox_train import sandbox
 from toolbox_train.contract import UserError, first_line
 
 
@@ -47,13 +50,21 @@ def length_penalty(max_chars: int) -> Callable:
 def _module(name: str, base: Path, field: str):
     beside = base / (name.replace(".", "/") + ".py")
     if beside.is_file():
+        # Executed once per process: preflight's resolve and the run's find the module of the same file
+        # (the same bytes) in sys.modules, as an installed module's import does.
+        stamp = (str(beside.resolve()), hashlib.sha256(beside.read_bytes()).hexdigest())
+        known = sys.modules.get(f"toolbox_rewards.{name}")
+        if getattr(known, "__toolbox_stamp__", None) == stamp:
+            return known
         spec = importlib.util.spec_from_file_location(f"toolbox_rewards.{name}", beside)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod  # pickling (dataloader workers) finds it again
         try:
             spec.loader.exec_module(mod)
         except Exception as exc:
+            sys.modules.pop(spec.name, None)  # a module that failed half-way is not kept
             raise UserError(f"{field}: {beside}: importing it failed: {first_line(exc)}") from None
+        mod.__toolbox_stamp__ = stamp
         return mod
     try:
         return importlib.import_module(name)
@@ -106,7 +117,7 @@ def resolve(rewards, base: Path, where: str) -> tuple[list[Callable | str], list
     model as its checked folder (TRL loads it); UserError naming the entry otherwise."""
     if not rewards:
         raise UserError(f"{where}: the objective needs at least one reward function "
-                        "(format, length, or module:function) or reward model")
+                        "(format, length, python_tests, or module:function) or reward model")
     funcs = []
     for i, r in enumerate(rewards):
         field = f"{where}.{i}.function"
@@ -116,6 +127,12 @@ def resolve(rewards, base: Path, where: str) -> tuple[list[Callable | str], list
             funcs.append(format_reward(r.pattern))
         elif r.function == "length":
             funcs.append(length_penalty(r.max_chars))
+        elif r.function == "python_tests":
+            limits = r.sandbox or sandbox.Limits()
+            why = sandbox.probe(limits)  # a sandbox that cannot run here would score every completion 0
+            if why:
+                raise UserError(f"{field}: python_tests: the sandbox does not run here: {why}")
+            funcs.append(sandbox.python_tests(limits))
         else:
             mod_name, _, attr = r.function.partition(":")
             mod = _module(mod_name, base, field)

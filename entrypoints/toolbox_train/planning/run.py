@@ -318,11 +318,29 @@ def resolve_liger(cfg: TrainConfig, unit: Objective, backend: str, gpu: bool, ma
     return bool(liger)
 
 
+def with_images_per_row(run: ResolvedRun, most: int) -> ResolvedRun:
+    """The run planned again once preflight has read its image rows: a training vision tower keeps the patches of
+    every image of a row, and the first plan (config.json alone) counted one image a row. Same device, same
+    refusal: rows the plan cannot fit are refused before the model loads."""
+    plan = run.memory
+    if plan is None or most <= 1 or "vision" not in plan.setting.vision_train or not plan.setting.patches_per_row:
+        return run
+    st = plan.setting
+    dev = f"{int(plan.device_bytes)}" if plan.device_bytes else None
+    memory, gc, batch, more = resolve_memory(run, st.strategy == "fsdp", dev, False, True, st.unified_memory,
+                                             images_per_row=most)
+    return dataclasses.replace(run, memory=memory, gradient_checkpointing=gc, batch=batch,
+                               grad_accum=batch_plan(run.cfg, run.world_size, batch),
+                               notes=run.notes + (f"memory plan: the tower's activations at {most} images a row "
+                                                  "(the most a row of the data holds)", *more))
+
+
 def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, probe: bool, refuse: bool,
-                   unified: bool = False):
+                   unified: bool = False, images_per_row: int = 1):
     """The memory plan (config.json only, no weights): (plan or None, checkpointing, per-device batch, notes).
     Resolves checkpointing and the batch `auto` and refuses a run that cannot fit before any weight is
-    loaded (docs/benchmarks.md, Memory planner)."""
+    loaded (docs/benchmarks.md, Memory planner). `images_per_row`: the most images a row holds, once
+    preflight knows (with_images_per_row)."""
     from toolbox_train.planning import memory
 
     t = run.cfg.train
@@ -337,8 +355,8 @@ def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, prob
                                    run.precision, dev, gpu=run.gpu, unified=unified, lora_params=run.lora_params,
                                    unit=run.objective, reference=run.reference, seq=run.seq_tokens,
                                    extras=dict(run.extras),
-                                   patches_per_image=patches_per_image(run.model_config, run.model_path,
-                                                                       vision_budget(run.cfg)) if run.multimodal else 0)
+                                   patches_per_image=images_per_row * patches_per_image(
+                                       run.model_config, run.model_path, vision_budget(run.cfg)) if run.multimodal else 0)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
         gc = True if t.gradient_checkpointing == "auto" else t.gradient_checkpointing
         notes = [f"memory plan: not available for this model's config ({exc!r}); checkpointing {gc}"]

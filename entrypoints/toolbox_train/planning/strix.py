@@ -7,6 +7,8 @@ each check says nothing.
 
 from __future__ import annotations
 
+import os
+
 import re
 from dataclasses import dataclass
 
@@ -78,12 +80,16 @@ def memory_refusal(why: str | None, dev: Device | None = None) -> str | None:
 # The dataloader on the unified-memory APU: professor-moody/halo-forge docs/HARDWARE_NOTES.md ("Critical
 # Settings ... required for stable training": dataloader_num_workers 0 and dataloader_pin_memory false;
 # workers compete for the unified memory, and pinned memory is redundant where host and GPU memory are one).
-def loader(workers: int | str, gpu: bool, dev: Device | None = None) -> tuple[int, bool]:
+IMAGE_WORKERS = 4  # image rows: the processor's resizing is host work of the order of a step (an 896 px row)
+
+
+def loader(workers: int | str, gpu: bool, dev: Device | None = None, images: bool = False) -> tuple[int, bool]:
     """(dataloader_num_workers, dataloader_pin_memory) for data.loader_workers: `auto` is 0 workers and no
-    pinned memory on gfx1151, 1 worker and pinned memory on other GPUs, 0 on CPU; a number is kept."""
+    pinned memory on gfx1151, 1 worker and pinned memory on other GPUs (up to IMAGE_WORKERS, at most half the
+    cores, for image rows), 0 on CPU; a number is kept."""
     apu = gpu and (dev if dev is not None else device()).gfx1151
     if workers == "auto":
-        workers = 0 if apu or not gpu else 1
+        workers = 0 if apu or not gpu else max(1, min(IMAGE_WORKERS, (os.cpu_count() or 2) // 2)) if images else 1
     return int(workers), gpu and not apu
 
 

@@ -192,14 +192,25 @@ def loading(what: str):
         raise UserError(f"{what} cannot be loaded: {type(exc).__name__}: {first_line(exc, 200)}") from None
 
 
-def hf_model(path: str, adapter: Path | None = None, image_text: bool = False):
-    """The model at `path` in fp32 for scoring (an image-text model with `image_text`), with `adapter` on it."""
+def scoring_device() -> tuple[str, object]:
+    """(device, dtype) a model is scored in: the GPU in bf16 where there is one (a 27B model in fp32 would need
+    ~108 GB, more than a Strix Halo gives its GPU), else the CPU in fp32."""
     import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "cuda", torch.bfloat16
+    return "cpu", torch.float32
+
+
+def hf_model(path: str, adapter: Path | None = None, image_text: bool = False):
+    """The model at `path` for scoring (scoring_device: bf16 on the GPU, fp32 on the CPU; an image-text model
+    with `image_text`), with `adapter` on it."""
     import transformers
 
     auto = transformers.AutoModelForImageTextToText if image_text else transformers.AutoModelForCausalLM
+    device, dtype = scoring_device()
     with loading(f"{path}: the model"):
-        model = auto.from_pretrained(path, dtype=torch.float32)
+        model = auto.from_pretrained(path, dtype=dtype, **({"device_map": {"": 0}} if device == "cuda" else {}))
     if adapter is not None:
         from peft import PeftModel
 

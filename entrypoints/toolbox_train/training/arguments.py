@@ -8,6 +8,7 @@ import dataclasses
 import os
 
 from toolbox_train.config.tracking import training_args as tracking_args
+from toolbox_train.data.images import FORMAT as VISION_FORMAT
 from toolbox_train.planning import strix
 from toolbox_train.planning.run import Dist, ResolvedRun, using_fsdp
 
@@ -19,7 +20,8 @@ def common_args(p: ResolvedRun, dist: Dist) -> dict:
     # Unsloth sets up its own (offloaded) checkpointing; under FSDP the accelerate config's
     # fsdp_activation_checkpointing does it (transformers refuses both at once).
     hf_gc = bool(gc) and p.backend == "hf" and not using_fsdp()
-    workers, pin_memory = strix.loader(c.data.loader_workers, p.gpu)  # auto: none, unpinned on gfx1151
+    # auto: none, unpinned on gfx1151; more for image rows elsewhere
+    workers, pin_memory = strix.loader(c.data.loader_workers, p.gpu, images=p.data_format == VISION_FORMAT)
     has_eval = c.data.has_eval()
     return dict(
         output_dir=str(p.out / "checkpoints"),

@@ -129,7 +129,7 @@ def load_vision(p: ResolvedRun, dist: Dist):
     if c.method == "full":
         vision.set_trainable(model, train)
         return model, proc, None
-    return model, proc, peft_config(p)  # targets by module path (models/lora.py, models/vision.py)
+    return model, proc, peft_config(p, model)  # Linear modules by path, read off the loaded model (models/lora.py)
 
 
 def load(p: ResolvedRun, dist: Dist):

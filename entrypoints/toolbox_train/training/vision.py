@@ -18,6 +18,7 @@ from toolbox_train.data.images import image_parts, load_image
 from toolbox_train.models.vision import image_token_ids
 
 IGNORE = -100
+PAD_MULTIPLE = 64  # a GPU run's image batches: lengths in steps of 64 tokens (VisionCollator)
 
 
 def _render(proc, messages, generation_prompt: bool = False) -> str:
@@ -25,8 +26,57 @@ def _render(proc, messages, generation_prompt: bool = False) -> str:
 
 
 def _length(proc, text: str, images: list) -> int:
-    out = proc(text=[text], images=[images] if images else None, add_special_tokens=False)
+    out = proc(text=[text], images=[images] if images else None, add_special_tokens=False, return_tensors="pt")
     return len(out["input_ids"][0])
+
+
+class OncePerImage:
+    """A processor's image processor that processes each image once while the collator holds it: the labels need
+    each assistant turn's prefix through the processor with its images (1 + 2 x turns calls a row), and the image
+    work (resizing, normalising) is most of a batch's host time (an 896 px Gemma 3 row: ~3x the processor alone).
+    Exact where the image processor treats images one by one (Gemma 3's SigLIP, Qwen2.5-VL's and Qwen3-VL's
+    patches): each image's outputs are joined along their first axis, as the batched call does
+    (tests/train/test_vision_collate.py compares the two)."""
+
+    def __init__(self, real):
+        self.real, self.cache = real, {}
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def __call__(self, images, **kw):
+        import numpy as np
+        import torch
+        from transformers.feature_extraction_utils import BatchFeature
+        from transformers.image_utils import make_flat_list_of_images
+
+        parts = []
+        for im in make_flat_list_of_images(images):
+            if id(im) not in self.cache:  # the images live as long as the collator call: ids are stable
+                self.cache[id(im)] = (im, self.real([im], **kw))
+            parts.append(self.cache[id(im)][1])
+        joined = {}
+        for key in parts[0].keys():
+            vals = [p[key] for p in parts]
+            joined[key] = (torch.cat(vals) if torch.is_tensor(vals[0]) else
+                           np.concatenate(vals) if isinstance(vals[0], np.ndarray) else
+                           [x for v in vals for x in v])
+        return BatchFeature(joined)
+
+
+class _ImagesOnce:
+    def __init__(self, proc):
+        self.proc = proc
+
+    def __enter__(self):
+        self.real = getattr(self.proc, "image_processor", None)
+        if self.real is not None:
+            self.proc.image_processor = OncePerImage(self.real)
+        return self.proc
+
+    def __exit__(self, *exc):
+        if self.real is not None:
+            self.proc.image_processor = self.real
 
 
 def assistant_spans(proc, messages: list, images: list, full_text: str, full_len: int) -> list[tuple[int, int]]:
@@ -51,19 +101,27 @@ class VisionCollator:
     """Image rows -> the processor's batch (input_ids, attention_mask, pixel_values, ...) and `labels`:
     the assistant turns (train_on: responses) or every token (all), never padding or image tokens."""
 
-    def __init__(self, processor, max_length: int | None, train_on: str = "responses"):
+    def __init__(self, processor, max_length: int | None, train_on: str = "responses", pad_multiple: int = 1):
         self.proc = processor
         self.max_length = max_length
         self.train_on = train_on
+        # Padded to a multiple (GPU runs: PAD_MULTIPLE): a batch's length takes a few values instead of every one,
+        # and each new length is a new shape for the kernels that are built per shape (cuDNN's attention, Triton's).
+        self.pad_multiple = pad_multiple
         self.image_ids = sorted(image_token_ids(processor))
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        with _ImagesOnce(self.proc):
+            return self._collate(examples)
+
+    def _collate(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
 
         images = [[load_image(s) for s in ex["images"] or []] for ex in examples]
         texts = [_render(self.proc, ex["messages"]) for ex in examples]
+        pad = {"pad_to_multiple_of": self.pad_multiple} if self.pad_multiple > 1 else {}
         batch = self.proc(text=texts, images=images if any(images) else None, padding=True, padding_side="right",
-                          return_tensors="pt", add_special_tokens=False)
+                          return_tensors="pt", add_special_tokens=False, **pad)
         ids, attn = batch["input_ids"], batch["attention_mask"]
         labels = torch.full_like(ids, IGNORE)
         for i, ex in enumerate(examples):

@@ -38,7 +38,7 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks):
     args = sft_config.sft_args(p, dist, fmt)  # through the module: bench's calibration wraps it
     collator = None
     if fmt == VISION_FORMAT:  # image rows: our labels (training/vision.py), the processor in the tokenizer's place
-        collator = VisionCollator(tok, p.seq_tokens, p.cfg.data.train_on)
+        collator = VisionCollator(tok, p.seq_tokens, p.cfg.data.train_on, vision.PAD_MULTIPLE if p.gpu else 1)
     return ToolboxSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                              processing_class=tok, peft_config=peft_cfg, run=p, callbacks=callbacks,
                              data_collator=collator)
