@@ -264,3 +264,27 @@ def test_an_environment_that_owns_the_reward_needs_no_reward_functions(tmp_path,
     assert [json.loads(ln)["guesses"] for ln in (tmp_path / "env.jsonl").read_text().splitlines()] == [[9], [7]] * 2
     (row,) = [json.loads(ln) for ln in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert row["reward"] == 0.5 and row["rewards/Guess/mean"] == 0.5
+
+
+def test_the_summary_keeps_a_metric_logged_on_some_steps_only():
+    """The summary's objective block comes from the rows metrics.jsonl holds: a metric missing from the
+    last row (logged on some steps only) keeps its own first and last; a family (tools/*) matches."""
+    from toolbox_train.training.trainer import is_kept, objective_span
+
+    rows = [{"step": 1, "loss": 1.0, "reward": 1.0}, {"step": 2, "loss": 0.9, "reward": 2.0, "kl": 0.1},
+            {"step": 3, "loss": 0.8, "reward": 3.0, "kl": 0.3, "tools/calls": 4.0}, {"step": 4, "loss": 0.7, "reward": 4.0}]
+    got = objective_span(rows, ("reward", "kl", "tools/*"))
+    assert got == {"reward": {"first": 1.0, "last": 4.0}, "kl": {"first": 0.1, "last": 0.3},
+                   "tools/calls": {"first": 4.0, "last": 4.0}}
+    assert is_kept("rewards/my_fn/mean", ("rewards/*",)) and not is_kept("loss", ("rewards/*", "kl"))
+
+
+def test_backend_auto_takes_hf_for_tools_and_environments():
+    """TRL's tool loop is the one tested; Unsloth's patched GRPO trainer stays the pick without them."""
+    from toolbox_train.config.schema import TrainConfig
+    from toolbox_train.planning.run import pick_backend
+
+    base = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "output": {"dir": "o"}, "objective": "grpo"}
+    for grpo, want in (({}, "unsloth"), ({"tools": ["a:f"]}, "hf"), ({"environment": "a:C"}, "hf")):
+        cfg = TrainConfig.model_validate({**base, "grpo": grpo})
+        assert pick_backend(cfg, gpu=True, fsdp=False, machine="image") == want, grpo

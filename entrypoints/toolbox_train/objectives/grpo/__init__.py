@@ -99,10 +99,13 @@ UNIT = Objective("grpo", "completions sampled per prompt and scored by rewards; 
                  section=GrpoCfg, data_format="prompt", reference=_reference, describe=_describe,
                  # TRL 1.15's names; kl only with beta > 0, tools/* only with tools (turns, calls, failures: trainer.py)
                  metrics=("reward", "reward_std", "kl", "entropy", "frac_reward_zero_std", "rewards/*", "tools/*",
-                          "completions/mean_length", "clip_ratio/*"), resolve=hooks.resolve, memory=hooks.memory, prepare=hooks.prepare,
+                          "completions/mean_length", "clip_ratio/*"),
+                 resolve=hooks.resolve, memory=hooks.memory, prepare=hooks.prepare,
                  # its loss reads each prompt with its completion (max_seq_length bounds the prompt alone)
                  extra_tokens=lambda cfg: cfg.grpo.max_completion_length,
                  # Measured (H100, llama-1b LoRA, docs/bench/2026-12-06-h100/grpo-unsloth-2/): Unsloth's own
                  # path 2.11 s a step at 3.4 GiB, hf's static sampler 2.23 s at 13.6 GiB (TRL's default on hf:
-                 # 9.19 s, ../grpo-speed/): Unsloth where it runs; vllm-colocate is TRL's own mode, on hf
-                 auto_backend=lambda cfg: "hf" if cfg.grpo.generation == "vllm-colocate" else None)
+                 # 9.19 s, ../grpo-speed/): Unsloth where it runs; vllm-colocate is TRL's own mode, on hf; so
+                 # are tools and environments (TRL's tool loop, tested on hf; not run under Unsloth's patched trainer)
+                 auto_backend=lambda cfg: "hf" if (cfg.grpo.generation == "vllm-colocate" or cfg.grpo.tools
+                                                   or cfg.grpo.environment) else None)
