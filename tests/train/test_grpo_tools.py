@@ -77,6 +77,9 @@ def _write(tmp_path, model, data, **over) -> Path:
 TOOLS = '''
 import json, os
 
+with open(os.environ["TOOL_LOG"] + ".imports", "a") as f:  # the module's own code: run once per process
+    f.write("imported\\n")
+
 def add(a: int, b: int) -> int:
     """Adds two integers.
 
@@ -108,6 +111,8 @@ def test_a_tool_call_runs_the_tool_and_its_result_reaches_the_reward(tmp_path, t
                  **{"grpo.tools": ["agent:add"], "grpo.rewards": [{"function": "agent:used_the_tool"}],
                     "grpo.max_tool_calling_iterations": 1})
     assert finetune.main(["--config", str(cfg)]) == 0
+    # one file holds the tool and the reward: loaded for both, checked, tried and trained with, executed once
+    assert (tmp_path / "tool.jsonl.imports").read_text().splitlines() == ["imported"]
     # the tool ran for real: 2 steps x 4 sequences, half with both arguments
     assert [json.loads(ln) for ln in (tmp_path / "tool.jsonl").read_text().splitlines()] == [[2, 3]] * 4
     seen = [json.loads(ln) for ln in (tmp_path / "seen.jsonl").read_text().splitlines()]
