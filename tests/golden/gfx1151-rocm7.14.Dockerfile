@@ -10,6 +10,7 @@ RUN --mount=type=secret,id=ca \
     /opt/toolbox/scripts/os-install.sh fedora \
       bash \
       bc \
+      bubblewrap \
       ca-certificates \
       curl \
       diffutils \

@@ -20,10 +20,11 @@ TOOLBX_PACKAGES = {
     "debian": ["bash", "bc", "diffutils", "findutils", "hostname", "iproute2", "less", "lsof",
                "passwd", "pinentry-curses", "procps", "sudo", "tar", "time", "util-linux", "wget"],
 }
-# What the steps and the runtime need besides toolbx's list.
+# What the steps and the runtime need besides toolbx's list. bubblewrap: the sandbox that GRPO's python_tests
+# reward runs model-written code in (entrypoints/toolbox_train/sandbox; the same package name on both).
 RUNTIME_PACKAGES = {
-    "fedora": ["ca-certificates", "curl", "gzip", "libatomic", "numactl-libs", "xz"],
-    "debian": ["ca-certificates", "curl", "gzip", "python3-venv", "xz-utils"],
+    "fedora": ["bubblewrap", "ca-certificates", "curl", "gzip", "libatomic", "numactl-libs", "xz"],
+    "debian": ["bubblewrap", "ca-certificates", "curl", "gzip", "python3-venv", "xz-utils"],
 }
 # Multi-node RDMA (RoCE/InfiniBand): libibverbs with the user-space NIC providers, which RCCL/NCCL
 # load at run time (without one for the NIC they fall back to TCP sockets). Fedora's libibverbs
