@@ -117,11 +117,12 @@ def _from_image_stage(tmp: Path) -> str | None:
     cpu image is built): its build tree, in a container, builds the targets the image leaves out
     (ninja: only what they add; ccache: podman's). None when done, else why not."""
     from helpers.enginekit import ca_bundle, podman, toolbox, wheelhouse
-    from helpers.prebuilt import CCACHE_TARGET, ensure_base_image, podman_ccache
+    from helpers.prebuilt import BUILD_TIMEOUT, CCACHE_TARGET, ensure_base_image, podman_ccache
 
     ensure_base_image()
     cp = toolbox("build", "--stack", "cpu", "--engine", "podman", "--target", "llama_cpp-build",
-                 "--tag", STAGE_TAG, "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()))
+                 "--tag", STAGE_TAG, "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()),
+                 timeout=BUILD_TIMEOUT)
     if cp.returncode != 0:
         return f"the cpu stack's llama_cpp-build stage did not build:\n{(cp.stdout + cp.stderr)[-3000:]}"
     tmp.mkdir(parents=True)

@@ -18,6 +18,8 @@ from pathlib import Path
 from helpers.enginekit import BASE_REF, CACHE, ca_bundle, need, podman, toolbox, wheelhouse
 
 RAY = "ray[train]==2.60.0"
+# A cold cpu build compiles llama.cpp: 25-30 min on 2 shared cores (2026-12-07); 30 min cut one short
+BUILD_TIMEOUT = 5400
 # where podman (buildah) keeps RUN --mount=type=cache folders (TMPDIR, default /var/tmp; the folder
 # is buildah-cache, or buildah-cache-UID in newer buildah), each at its target path
 BUILDAH_CACHES = ("buildah-cache", f"buildah-cache-{os.getuid()}")
@@ -56,7 +58,7 @@ def build_cpu_image() -> dict:
     cp = toolbox(
         "build", "--stack", "cpu", "--engine", "podman",
         "--ca-bundle", str(ca_bundle()), "--wheelhouse", str(wheelhouse()),
-        check=True,
+        check=True, timeout=BUILD_TIMEOUT,
     )
     tag = next(line.split(None, 1)[1].strip() for line in cp.stdout.splitlines() if line.startswith("image:"))
     return {"tag": tag, "stdout": cp.stdout}

@@ -162,7 +162,7 @@ def test_parts_and_lora_targets_by_module_path(tmp_path, family):
     from transformers import AutoModelForImageTextToText
 
     from helpers.tiny_vision import make_tiny_vlm
-    from toolbox_train.models.vision import PROJECTOR_MODULES, lora_target_regex
+    from toolbox_train.models.vision import lora_target_regex, projector_modules
 
     model = AutoModelForImageTextToText.from_pretrained(make_tiny_vlm(tmp_path / family, family))
     parts = {n: part_of(n) for n, _ in model.named_parameters()}
@@ -183,7 +183,7 @@ def test_parts_and_lora_targets_by_module_path(tmp_path, family):
         named = [n for n in names if re.fullmatch(lora_target_regex(train, ["q_proj"]), n)]
         assert all(n.endswith(".q_proj") and part_of(n) in train for n in named)
         assert named or "language" not in train
-    assert [n for n in names if n.endswith(PROJECTOR_MODULES) and part_of(n) == "projector"]
+    assert [n for n in names if n.endswith(projector_modules()) and part_of(n) == "projector"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from toolbox_train.models.arithmetic import GiB, expert_targets
+from toolbox_train.models.families import family
 from toolbox_train.bench.shapes import LORA_TARGETS, SHAPES
 
 
@@ -103,7 +104,7 @@ def router_kwargs(model, opts: dict) -> dict:
 def attn_implementation(shape: str) -> dict[str, str]:
     """SDPA, where the model has it. transformers' GPT-OSS has none (its attention sinks): no argument,
     so transformers' own default (eager) runs, as in `finetune` without `model.attn_implementation`."""
-    return {} if SHAPES[shape]["model_type"] == "gpt_oss" else {"attn_implementation": "sdpa"}
+    return {} if family(SHAPES[shape]["model_type"]).eager_attention else {"attn_implementation": "sdpa"}
 
 
 def lora_config(shape: str):
@@ -160,7 +161,7 @@ def load_unsloth(spec: dict, model_dir: str, seq: int):
 
     method = spec["method"]
     # as finetune does: FastModel for Gemma 3, FastLanguageModel for the text-only families
-    loader = FastModel if SHAPES[spec["shape"]]["model_type"].startswith("gemma3") else FastLanguageModel
+    loader = FastModel if family(SHAPES[spec["shape"]]["model_type"]).unsloth_fast_model else FastLanguageModel
     model, _tok = loader.from_pretrained(
         model_name=model_dir, max_seq_length=seq, dtype=torch.bfloat16,
         load_in_4bit=method == "qlora", full_finetuning=method == "full",

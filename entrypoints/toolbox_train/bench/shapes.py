@@ -6,6 +6,7 @@ from typing import Any
 
 from toolbox_train.contract import UserError
 from toolbox_train.models.arithmetic import moe_experts
+from toolbox_train.models.families import family
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(  # Llama-3.2-1B
@@ -123,10 +124,9 @@ def layer_types(cfg: dict) -> list[str]:
     L = cfg["num_hidden_layers"]
     if cfg.get("layer_types"):
         return list(cfg["layer_types"])
-    if cfg.get("model_type") == "gemma3_text":  # transformers' default: 5 sliding, 1 full
-        return ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(L)]
-    if cfg.get("model_type") == "gpt_oss":  # transformers' default: sliding, full, sliding, ...
-        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+    every = family(cfg.get("model_type")).full_attention_every  # transformers' default (Gemma 3: 5 sliding, 1 full)
+    if every:
+        return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(L)]
     return ["full_attention"] * L
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# vision_config.model_type -> (the saved prefix, the published one) of the tower's tensors.
-PUBLISHED = {"siglip_vision_model": ("vision_tower.", "vision_tower.vision_model.")}
-# The tensors --mmproj reads (every family's converter filters on these prefixes).
-VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "visual.", "model.visual.", "model.vision_tower.",
-                   "model.multi_modal_projector.")
+from toolbox_train.models.families import every_family, vision_tower_kind
+
+
+def vision_prefixes() -> tuple[str, ...]:
+    """The tensors --mmproj reads: every family's tower and projector (the converters filter on these prefixes)."""
+    tops = dict.fromkeys(p.split(".")[0] for p in every_family("tower_paths") + every_family("projector_paths"))
+    return tuple(f"{m}{t}." for m in ("", "model.") for t in tops)
 
 
 def _weights(folder: Path) -> list[Path]:
@@ -31,7 +33,8 @@ def _weights(folder: Path) -> list[Path]:
 def renaming(folder: Path) -> tuple[str, str] | None:
     """(saved, published) prefix where `folder` holds a tower in the short form; None where it is as published."""
     cfg = json.loads((folder / "config.json").read_text())
-    rule = PUBLISHED.get(str((cfg.get("vision_config") or {}).get("model_type")))
+    kind = vision_tower_kind((cfg.get("vision_config") or {}).get("model_type"))  # (saved, published) prefixes
+    rule = kind.published if kind else None
     if rule is None:
         return None
     from safetensors import safe_open
@@ -58,11 +61,11 @@ def source(folder: Path, staging: Path) -> Path:
     for f in folder.iterdir():
         if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json")):
             (staging / f.name).symlink_to(f.resolve())
-    tensors = {}
+    tensors, prefixes = {}, vision_prefixes()
     for f in _weights(folder):
         with safe_open(str(f), framework="pt") as st:
             for k in st.keys():
-                if k.startswith(VISION_PREFIXES):
+                if k.startswith(prefixes):
                     name = published + k[len(saved):] if k.startswith(saved) and not k.startswith(published) else k
                     tensors[name] = st.get_tensor(k)
     save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})

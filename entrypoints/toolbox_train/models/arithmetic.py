@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from toolbox_train.models.families import LORA_ALL_LINEAR, family
 from toolbox_train.models.tower import Tower, tower as vision_tower
 
 GiB = 2**30
@@ -46,22 +47,11 @@ CAL = {
     "logits_bytes": 8.0,
 }
 TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK = 4096, 32768  # trl/kernels/chunked_logprob.py (TRL 1.15)
-LORA_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Fused-expert MoE families whose experts LoRA reaches only through PEFT's `target_parameters`: each
-# layer's experts are two 3-D nn.Parameters, not nn.Linear modules, so `target_modules` never matches them.
-# model_type -> (expert parameter PEFT suffix-matches, the MLP names in lora.target_modules that select it).
-# gpt_oss only: Unsloth's get_peft_model does the same for it (get_moe_target_parameters); Qwen2/3-MoE,
-# OLMoE, DeepSeek and the other families PEFT 0.21 maps to its qwen2_moe/mixtral v4->v5 conversion
-# (peft/utils/transformers_weight_conversion.py) get their expert adapters from PEFT itself (docs/training.md).
-FUSED_EXPERTS = {
-    "gpt_oss": (("mlp.experts.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.experts.down_proj", ("down_proj",))),
-}
-
-
 def expert_targets(model_type: str, targets: tuple[str, ...] | list[str] | str = "all-linear") -> list[str]:
-    """The expert parameters LoRA adapts through PEFT's `target_parameters`, for these target modules."""
+    """The expert parameters LoRA adapts through PEFT's `target_parameters`, for these target modules: a fused-expert
+    MoE family's (families.Family.fused_experts: its experts are 3-D nn.Parameters, not nn.Linear modules)."""
     names = LORA_ALL_LINEAR if targets == "all-linear" else tuple(targets)
-    return [param for param, mlp in FUSED_EXPERTS.get(model_type, ()) if any(n in names for n in mlp)]
+    return [param for param, mlp in family(model_type).fused_experts if any(n in names for n in mlp)]
 
 
 def moe_experts(cfg: Mapping[str, Any] | Any) -> int:
@@ -112,6 +102,7 @@ class Shape:
         text = d.get("text_config") or d
         vision = d.get("vision_config")
         mt = text.get("model_type") or d.get("model_type", "")
+        fam = family(mt)
         h, nh = text["hidden_size"], text["num_attention_heads"]
         experts = moe_experts(text)
         return cls(
@@ -121,13 +112,12 @@ class Shape:
             else text["intermediate_size"],
             vocab=text["vocab_size"],
             tied=bool(d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            qk_norm=mt.startswith(("qwen3", "gemma3", "olmo2")),
-            norms_per_layer=4 if mt.startswith(("gemma2", "gemma3")) else 2,
+            qk_norm=fam.qk_norm, norms_per_layer=fam.norms_per_layer,
             attention_bias=bool(text.get("attention_bias", False)),
             experts=experts, experts_per_token=text.get("num_experts_per_tok") or text.get("experts_per_token") or 0,
             max_position=text.get("max_position_embeddings"),
-            extra_params=vision_params(vision, h) if vision else 0,
-            tower=vision_tower(vision, h) if vision else None,
+            extra_params=vision_params(vision, h, d.get("model_type")) if vision else 0,
+            tower=vision_tower(vision, h, d.get("model_type")) if vision else None,
             sliding_window=text.get("sliding_window") or 0, name=name,
         )
 
@@ -175,9 +165,9 @@ class Shape:
         return self.layers * sum(r * (a + b) * c for n, (a, b, c) in self.linear_shapes().items() if n in chosen)
 
 
-def vision_params(v: Mapping[str, Any], text_hidden: int) -> int:
+def vision_params(v: Mapping[str, Any], text_hidden: int, model_type: str | None = None) -> int:
     """A vision tower plus the projector into the text model (models/tower.py)."""
-    t = vision_tower(v, text_hidden)
+    t = vision_tower(v, text_hidden, model_type)
     return t.params + t.projector
 
 
@@ -252,7 +242,7 @@ def layer_bytes(s: Shape, kernels: str, e: int = 2) -> float:
     h, q, kv, i = s.hidden, s.q, s.kv, s.intermediate
     f = 4  # fp32
     if kernels == "hf":
-        norm = 2 * f if s.model_type.startswith("gemma") else f + e  # per element of the normed tensor
+        norm = 2 * f if family(s.model_type).fp32_norms else f + e  # per element of the normed tensor
         norms = s.norms_per_layer * h * norm
         qk = (q + kv) * norm if s.qk_norm else 0
         mlp = 4 * i * e
@@ -330,7 +320,7 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     # -- activations
     k = st.kernels
     per_tok = layer_bytes(s, k, e) * (CAL["unsloth_layer_factor"] if k == "unsloth" else 1)
-    if s.model_type == "gpt_oss" and k != "unsloth":
+    if family(s.model_type).eager_attention and k != "unsloth":
         # transformers' GPT-OSS has no sdpa (attention sinks): eager attention keeps the [s, s+1]
         # scores per head (fp32 softmax output and its bf16 copy); not calibrated on a GPU
         per_tok += s.heads * st.seq * (4 + 2)

@@ -13,9 +13,6 @@ from toolbox_train.units.objective import HEADS
 from toolbox_train.models import vision
 from toolbox_train.models.arithmetic import expert_targets, moe_experts
 
-# Parts of multimodal wrappers (Gemma 3, Llava, Qwen-VL, ...) that text fine-tuning leaves frozen.
-VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "visual")
-
 
 def lora_targets(p, model=None):
     """PEFT's target_modules. A vision-language model's: the full paths of the Linear modules of the parts
@@ -46,7 +43,7 @@ def peft_config(p, model=None):
 
     c = p.cfg.lora
     experts = lora_target_parameters(p)
-    whole = list(vision.PROJECTOR_MODULES) if p.multimodal and "projector" in p.cfg.vision.train else None
+    whole = list(vision.projector_modules()) if p.multimodal and "projector" in p.cfg.vision.train else None
     return LoraConfig(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=lora_targets(p, model),
                       bias="none", task_type=HEADS[head(p)][1], modules_to_save=whole,
                       **({"target_parameters": experts} if experts else {}))
@@ -95,7 +92,7 @@ def module_names(model, multimodal: bool) -> list[str]:
     names: dict[str, None] = {}
     for name, mod in model.named_modules():
         if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding, Conv1D)) and name:
-            if not (multimodal and any(part in name.split(".") for part in VISION_PARTS)):
+            if not (multimodal and vision.part_of(name) != "language"):
                 names.setdefault(name.rsplit(".", 1)[-1])
     return list(names)
 

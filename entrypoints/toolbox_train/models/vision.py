@@ -7,22 +7,33 @@ from __future__ import annotations
 import re
 
 from toolbox_train.contract import UserError, first_line
-from toolbox_train.models.arithmetic import LORA_ALL_LINEAR
+from toolbox_train.models.families import LORA_ALL_LINEAR, every_family
 
 PARTS = ("language", "vision", "projector")
-# Module paths of each part, by family: Gemma 3 / Llava (vision_tower, multi_modal_projector), Qwen2/2.5/3-VL
-# (visual.blocks..., its patch merger the projector), Idefics/SmolVLM (vision_model, connector).
-PROJECTOR_PATHS = r"multi_modal_projector|visual\.merger|connector|mm_projector"
-VISION_PATHS = r"vision_tower|visual|vision_model"
-PROJECTOR = re.compile(rf"(^|\.)({PROJECTOR_PATHS})(\.|$)")
-VISION = re.compile(rf"(^|\.)({VISION_PATHS})(\.|$)")
+
+
+# Module paths of each part: every family's in the table (models/families.py: Gemma 3 / LLaVA vision_tower and
+# multi_modal_projector, Qwen-VL visual.blocks... and its patch merger, Idefics3 / SmolVLM vision_model and
+# connector), read when asked, so that an entry added is seen.
+def projector_paths() -> str:
+    return _names(every_family("projector_paths"))
+
+
+def vision_paths() -> str:
+    return _names(every_family("tower_paths"))
+
+
+def projector_modules() -> tuple[str, ...]:
+    """LoRA with vision.train's projector: the projector trained whole (PEFT's modules_to_save, matched by the end
+    of a module's path): Gemma 3's is a bare weight matrix, no Linear to adapt."""
+    return every_family("projector_paths")
 
 
 def part_of(name: str) -> str:
     """The part a parameter or module path belongs to."""
-    if PROJECTOR.search(name):
+    if re.search(rf"(^|\.)({projector_paths()})(\.|$)", name):
         return "projector"
-    if VISION.search(name):
+    if re.search(rf"(^|\.)({vision_paths()})(\.|$)", name):
         return "vision"
     return "language"
 
@@ -47,13 +58,14 @@ def lora_target_regex(train, target_modules) -> str:
     where `train` has it, the named (or any) modules of the vision tower; no other part's modules, whatever their
     names. lora_target_names keeps the Linear ones."""
     every = target_modules == "all-linear"
+    vis_paths, proj_paths = vision_paths(), projector_paths()
     keep = []
     if "language" in train:
         lang = _names(LORA_ALL_LINEAR if every else target_modules)
-        keep.append(rf"(?!(.*\.)?({VISION_PATHS}|{PROJECTOR_PATHS})(\.|$)).*\.({lang})")
+        keep.append(rf"(?!(.*\.)?({vis_paths}|{proj_paths})(\.|$)).*\.({lang})")
     if "vision" in train:
         vis = ".*" if every else rf".*\.({_names(target_modules)})"
-        keep.append(rf"(?!(.*\.)?({PROJECTOR_PATHS})(\.|$))(.*\.)?({VISION_PATHS})\.{vis}")
+        keep.append(rf"(?!(.*\.)?({proj_paths})(\.|$))(.*\.)?({vis_paths})\.{vis}")
     return rf"^({'|'.join(keep)})$" if keep else r"(?!)"
 
 
@@ -72,11 +84,6 @@ def lora_target_names(model, train, target_modules) -> list[str]:
     named = (torch.nn.Linear,) if target_modules == "all-linear" else (torch.nn.Linear, torch.nn.Embedding, Conv1D)
     kinds = {"vision": (torch.nn.Linear,), "language": named, "projector": ()}  # the projector: never (whole)
     return [n for n, m in model.named_modules() if n and rx.fullmatch(n) and isinstance(m, kinds[part_of(n)])]
-
-
-# LoRA with vision.train's projector: the projector trained whole (PEFT's modules_to_save, matched by the end of
-# a module's path): Gemma 3's is a bare weight matrix, no Linear to adapt.
-PROJECTOR_MODULES = ("multi_modal_projector", "visual.merger", "connector", "mm_projector")
 
 
 def budget(cfg) -> dict[str, int]:
@@ -135,15 +142,9 @@ def marker_count(proc, text: str) -> int:
     return text.count(mark) if isinstance(mark, str) and mark else -1
 
 
-# The processor / tokenizer attributes naming the tokens an image becomes or is framed by (never a label).
-# transformers 5.17's Qwen2_5_VLProcessor names only image_token / video_token, not vision_start / vision_end.
-IMAGE_TOKEN_ATTRS = ("image_token", "boi_token", "eoi_token", "vision_start_token", "vision_end_token",
-                     "video_token")
-# The markers' strings where neither names them: those transformers' own Qwen-VL processors fall back to
-# (<|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|>), and Gemma 3's; taken only where the tokenizer
-# has the string as an added token.
-IMAGE_MARKERS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<start_of_image>",
-                 "<end_of_image>", "<image_soft_token>")
+# The processor / tokenizer attributes naming the tokens an image becomes or is framed by (never a label), and
+# the markers' strings where neither names them (taken only where the tokenizer has the string as an added
+# token): every family's (families.Family.token_attrs, image_markers).
 # The model config's fields naming them: Gemma 3 / Llama 4 image, boi, eoi_token_index; Llava, PaliGemma, Mistral 3
 # image_token_index; Qwen2/2.5/3-VL image, video, vision_start, vision_end_token_id; Gemma 3n boi/eoi_token_id.
 CONFIG_MARKER = re.compile(r"(image|video|vision_start|vision_end|boi|eoi)_token_(id|index)")
@@ -170,14 +171,14 @@ def image_token_ids(proc) -> set[int]:
             ids.add(i)
 
     for owner in (proc, tok):
-        for attr in IMAGE_TOKEN_ATTRS:
+        for attr in every_family("token_attrs"):
             t = getattr(owner, attr, None)
             if isinstance(t, str):
                 add(t)
             i = getattr(owner, attr + "_id", None)
             if isinstance(i, int) and i >= 0:
                 ids.add(i)
-    for t in IMAGE_MARKERS:
+    for t in every_family("image_markers"):
         if t in added:
             add(t)
     return ids

@@ -11,6 +11,7 @@ import yaml
 
 from toolbox_train.contract import UserError, first_line
 from toolbox_train.guards import check_path, special_file
+from toolbox_train.models.families import family
 from toolbox_train.models.weights import ADAPTER_WEIGHTS, WEIGHTS, WEIGHTS_INDEX, model_folder_problem, safetensors_problem
 
 # What every finished (or resumable) output folder holds beside the weights: finetune writes it.
@@ -101,9 +102,10 @@ class RunModel:
         elif self.multimodal:
             notes.append("multimodal checkpoint trained on text: the merged export holds the whole model (vision "
                          "tower and projector unchanged by text fine-tuning)")
-        if self.model_type == "gpt_oss":
-            notes.append("GPT-OSS: experts are exported de-quantized (16-bit), not in the original MXFP4"
-                         + ("; --quant mxfp4_moe re-quantizes them for llama.cpp" if to == "gguf" else ""))
+        fam = family(self.model_type)  # GPT-OSS: its experts de-quantized, and re-quantized for llama.cpp
+        if fam.export_note:
+            notes.append(f"{fam.name}: {fam.export_note}" + (f"; {fam.gguf_note}" if to == "gguf" and fam.gguf_note
+                                                             else ""))
         return notes
 
     def eval_texts(self, tokenizer) -> list[str]:

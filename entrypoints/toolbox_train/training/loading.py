@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolbox_train.models.arithmetic import LORA_ALL_LINEAR
+from toolbox_train.models.families import LORA_ALL_LINEAR, family
 from toolbox_train.units.objective import HEADS
 from toolbox_train.planning.run import Dist, ResolvedRun, using_fsdp
-from toolbox_train.models.lora import VISION_PARTS, head, peft_config
+from toolbox_train.models.lora import head, peft_config
+from toolbox_train.models.vision import part_of
 from toolbox_train.data.images import FORMAT as VISION_FORMAT
 
 
@@ -51,7 +52,7 @@ def load_hf(p: ResolvedRun, dist: Dist):
     if p.multimodal:
         # Text data never reaches the vision tower: freeze it so DDP needs no unused-parameter search.
         for name, prm in model.named_parameters():
-            if any(part in name for part in VISION_PARTS):
+            if part_of(name) != "language":
                 prm.requires_grad_(False)
     return model, tok, (peft_config(p) if p.cfg.method != "full" else None)
 
@@ -60,7 +61,7 @@ def load_unsloth(p: ResolvedRun, dist: Dist):
     from unsloth import FastLanguageModel, FastModel
 
     # FastModel handles Gemma 3 (and its multimodal wrapper); FastLanguageModel the text-only families.
-    loader = FastModel if (p.multimodal or p.model_config.model_type.startswith("gemma3")) else FastLanguageModel
+    loader = FastModel if (p.multimodal or family(p.model_config.model_type).unsloth_fast_model) else FastLanguageModel
     gc = p.gradient_checkpointing  # resolved by the memory plan (train.gradient_checkpointing: auto)
     use_gc = "unsloth" if gc in (True, "unsloth") else False
     model, tok = loader.from_pretrained(
