@@ -368,8 +368,8 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     parts["grads"] = grads
     parts["step_temp"] = temp
     parts["overhead"] = CAL["overhead_gib"] * GiB
-    peak = (parts["weights"] + parts.get("reference_model", 0) + parts.get("teacher_model", 0) + states + parts.get("gathered_layers", 0)
-            + phases[where] + parts["overhead"])
+    peak = (parts["weights"] + parts.get("reference_model", 0) + parts.get("teacher_model", 0) + states
+            + parts.get("gathered_layers", 0) + phases[where] + parts["overhead"])
     if st.unified_memory:
         peak += host
     return Estimate(dataclasses.replace(st), parts, peak, host, where)
