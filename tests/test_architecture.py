@@ -259,3 +259,9 @@ def test_the_page_states_which_of_stack_and_components_is_below():
     # components are below the stack, and the page says so in a line the graph is checked against.
     lines = re.findall(r"^- (.+)$", section("Boundaries"), re.M)
     assert any(line.startswith("`toolbox.components` imports nothing of `toolbox.stack` ") for line in lines), lines
+
+
+def test_the_page_is_one_page():
+    # Issue 45: redrawn on one page (235 lines before); a job that needs more has its own doc.
+    n = len(DOC.read_text(encoding="utf-8").splitlines())
+    assert n < 200, f"docs/architecture.md has {n} lines; one page is under 200"

@@ -8,7 +8,6 @@ The graph is read from the source with `ast`, so nothing is imported to check it
 from __future__ import annotations
 
 import ast
-import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,12 +160,6 @@ def test_shared_host_options_are_declared_once():
     assert len(seen["--stack commands"]) >= 9 and len(seen["--set commands"]) >= 7
 
 
-# Globs of modules that are a layer of their own inside one folder, as tests/train/test_layers.py lays out the
-# training package (docs/architecture.md, Layers): each objective's TRL config and trainer sit above the layers
-# its declaration (objectives/<name>/__init__.py) sits under, so the folder holds two layers.
-LAYER_GLOBS = ("toolbox_train.objectives.*.*",)
-
-
 def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """{folder: the other folders its modules import}, a folder being a package's first-level
     subpackage (toolbox.stack.load -> toolbox.stack). A module at a package's top (toolbox.paths,
@@ -175,9 +168,6 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
     def folder(mod: str) -> str:
         parts = mod.split(".")
-        for glob in LAYER_GLOBS:  # a layer of its own inside a folder (the objectives' configs and trainers)
-            if fnmatch.fnmatchcase(mod, glob):
-                return glob
         return ".".join(parts[:2]) if len(parts) > 1 and parts[0] + "." + parts[1] in packages else mod
 
     out: dict[str, set[str]] = {}

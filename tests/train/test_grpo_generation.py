@@ -17,7 +17,8 @@ from test_objectives_data import NO_OUTPUT, _refused
 from toolbox_train.planning.run import pick_backend
 from toolbox_train.commands import finetune
 from toolbox_train.config.schema import TrainConfig
-from toolbox_train.planning import generation
+from toolbox_train.generation import sampler as generation
+from toolbox_train.generation.trainer import trl_kwargs
 
 GRPO = {"objective": "grpo", "grpo.num_generations": 4, "train.per_device_batch_size": 4,
         "grpo.rewards": [{"function": "length", "max_chars": 9}], "grpo.generation": "vllm-colocate"}
@@ -63,11 +64,10 @@ def test_unsloth_backend_and_the_config_rules(tmp_path, tiny_model, capsys, monk
     _installed_vllm(monkeypatch, tmp_path, "0.31.0", TORCH)
     base = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "output": {"dir": "o"}, "objective": "grpo"}
     cfg = TrainConfig.model_validate({**base, "grpo": {"generation": "vllm-colocate"}})
-    assert "backend is unsloth" in generation.refusal(cfg, "unsloth", gpu=True)
-    assert generation.refusal(cfg.model_copy(update={"objective": "sft"}), "hf", gpu=False) is None
+    assert "backend is unsloth" in generation.refusal(cfg.grpo, "grpo.generation", "unsloth", gpu=True)
     plain = TrainConfig.model_validate(base)
-    assert plain.grpo.generation == "auto" and generation.refusal(plain, "hf", gpu=False) is None
-    assert generation.trl_kwargs(plain.grpo, "transformers") == {"use_vllm": False}
+    assert plain.grpo.generation == "auto" and generation.refusal(plain.grpo, "grpo.generation", "hf", gpu=False) is None
+    assert trl_kwargs(plain.grpo, "transformers") == {"use_vllm": False}
     # backend auto: Unsloth for GRPO where it is (planning for a toolbox image: `machine`: its own path
     # measured faster and leaner than hf's static sampler, H100), hf for the vLLM mode (TRL's own)
     assert pick_backend(plain, gpu=True, fsdp=False, machine="image") == "unsloth"
@@ -75,7 +75,7 @@ def test_unsloth_backend_and_the_config_rules(tmp_path, tiny_model, capsys, monk
     assert pick_backend(plain.model_copy(update={"objective": "sft"}), gpu=True, fsdp=False, machine="image") == "unsloth"
     vcfg = TrainConfig.model_validate({**base, "grpo": {"generation": "vllm-colocate",
                                                         "vllm_gpu_memory_utilization": 0.4}})
-    assert generation.trl_kwargs(vcfg.grpo) == {"use_vllm": True, "vllm_mode": "colocate",
+    assert trl_kwargs(vcfg.grpo, "vllm-colocate") == {"use_vllm": True, "vllm_mode": "colocate",
                                                 "vllm_gpu_memory_utilization": 0.4}
     # the share of GPU memory belongs to the vLLM mode; an unknown mode is a config error
     prompts = pref.write(tmp_path / "g.jsonl", "prompt", 8)

@@ -12,7 +12,8 @@ from helpers import pref
 from helpers.tiny import train_config, write_train_config
 from toolbox_train.commands import finetune
 from toolbox_train.config.schema import TrainConfig
-from toolbox_train.planning import generation
+from toolbox_train.generation import sampler as generation
+from toolbox_train.generation.trainer import trl_kwargs
 
 GRPO = {"objective": "grpo", "method": "full", "train.per_device_batch_size": 4, "grpo.num_generations": 2,
         "grpo.max_completion_length": 8, "data.max_seq_length": 48, "train.max_steps": 1,
@@ -23,21 +24,21 @@ def test_auto_picks_by_machine_and_backend_and_maps_onto_trl():
     base = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "output": {"dir": "o"}, "objective": "grpo"}
     cfg = TrainConfig.model_validate(base)
     assert cfg.grpo.generation == "auto"
-    assert generation.pick(cfg, "hf", gpu=False)[0] == "transformers"
-    assert generation.pick(cfg, "hf", gpu=True)[0] == "transformers-static"
+    assert generation.pick(cfg.grpo, "hf", gpu=False)[0] == "transformers"
+    assert generation.pick(cfg.grpo, "hf", gpu=True)[0] == "transformers-static"
     # backend unsloth: its own generation (the static cache on top measured no faster, H100)
-    assert generation.pick(cfg, "unsloth", gpu=True) == ("transformers", (
-        "auto: backend unsloth, its own generation (H100, 2026-12-06: 2.11 s a GRPO step, "
+    assert generation.pick(cfg.grpo, "unsloth", gpu=True) == ("transformers", (
+        "auto: backend unsloth, its own generation (H100, 2026-12-06: 2.11 s a step, "
         "4.4x TRL's default path on hf)"))
     paged = TrainConfig.model_validate({**base, "grpo": {"generation": "transformers-paged"}})
-    assert generation.pick(paged, "hf", gpu=True) == ("transformers-paged", "set in the config")
+    assert generation.pick(paged.grpo, "hf", gpu=True) == ("transformers-paged", "set in the config")
     g = cfg.grpo
-    assert generation.trl_kwargs(g, "transformers-static") == {"use_vllm": False, "cache_implementation": "static"}
-    assert generation.trl_kwargs(g, "transformers-paged") == {"use_vllm": False,
+    assert trl_kwargs(g, "transformers-static") == {"use_vllm": False, "cache_implementation": "static"}
+    assert trl_kwargs(g, "transformers-paged") == {"use_vllm": False,
                                                               "use_transformers_continuous_batching": True}
-    assert generation.trl_kwargs(g, "transformers") == {"use_vllm": False}
+    assert trl_kwargs(g, "transformers") == {"use_vllm": False}
     with pytest.raises(ValueError, match="resolved"):
-        generation.trl_kwargs(g)
+        trl_kwargs(g, "auto")
 
 
 def test_plan_says_the_pick_and_its_kv_cache(tmp_path, tiny_model, capsys):
@@ -47,12 +48,12 @@ def test_plan_says_the_pick_and_its_kv_cache(tmp_path, tiny_model, capsys):
     out = capsys.readouterr().out
     # tiny llama: 2 layers x 2 KV heads x head_dim 16; 4 completions x (48 + 8) positions, K and V, bf16
     kv = 4 * (48 + 8) * 2 * 2 * 16 * 2 * 2
-    assert "GRPO sampler transformers-static (auto: static cache + compiled decoding" in out, out
+    assert "sampler transformers-static (auto: static cache + compiled decoding" in out, out
     assert f"its KV cache {kv / 2**30:.2f} GiB (static: held through the step)" in out, out
     assert "| full hf no ckpt b4 s56 |" in out, out  # the loss reads prompt (48) + completion (8)
     assert finetune.main(["--config", str(cfg), "--plan"]) == 0  # this machine: the CPU
     out = capsys.readouterr().out
-    assert "GRPO sampler transformers (auto: on the CPU transformers compiles no decoding)" in out, out
+    assert "sampler transformers (auto: on the CPU transformers compiles no decoding)" in out, out
 
 
 def test_kv_cache_of_a_group_that_cannot_fit_is_refused_before_loading(tmp_path, tiny_model, capsys):
@@ -63,7 +64,7 @@ def test_kv_cache_of_a_group_that_cannot_fit_is_refused_before_loading(tmp_path,
     cfg = write_train_config(tmp_path / "t.yaml", tiny_model, prompts, tmp_path / "out", **over)
     assert finetune.main(["--config", str(cfg), "--plan", "--machine", "h200", "--device-memory", "4GiB"]) == 2
     out = capsys.readouterr().out
-    assert "GRPO sampler transformers-static" in out and "refused: predicted peak" in out, out
+    assert "sampler transformers-static" in out and "refused: predicted peak" in out, out
     assert finetune.main(["--config", str(cfg), "--device-memory", "4GiB"]) == 2
     err = capsys.readouterr().err
     assert "memory: predicted peak" in err and "Traceback" not in err, err
@@ -79,8 +80,8 @@ def test_the_static_sampler_samples_the_current_weights_as_trls_default_does(tmp
     import torch
     from transformers import CompileConfig
 
-    from toolbox_train import objectives
-    from toolbox_train.planning import preflight, rewards
+    from toolbox_train.planning import preflight
+    from toolbox_train.units import registry
     from toolbox_train.planning.run import Dist, resolve
     from toolbox_train.training import loading
 
@@ -91,11 +92,10 @@ def test_the_static_sampler_samples_the_current_weights_as_trls_default_does(tmp
         p = resolve(train_config(tiny_model, prompts, tmp_path / gen, **{**GRPO, "grpo.generation": gen}),
                     check_output=False)
         p, train_ds, _ = preflight.validate(p)
-        fmt = p.data_format
         if model is None:
             model, tok, _ = loading.load(p, Dist())
             tok.pad_token = tok.pad_token or tok.eos_token
-        trainers[gen] = t = objectives.build(p, Dist(), model, tok, None, train_ds, None, [], fmt, rewards.check(p, 1))
+        trainers[gen] = t = registry.build(p, Dist(), model, tok, None, train_ds, None, [])
         t.generation_config.do_sample = False  # greedy: the same logits give the same tokens on both paths
     static = trainers["transformers-static"]
     assert static.generation_config.cache_implementation == "static" and not static.generation_config.disable_compile

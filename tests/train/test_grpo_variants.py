@@ -45,7 +45,7 @@ def test_a_bad_variant_or_combination_is_refused_before_the_model(tmp_path, tiny
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, tiny_models):
     """What finetune loads for a GRPO run (full fine-tuning: no adapter, so one model serves every trainer)."""
-    from toolbox_train.planning import preflight, rewards
+    from toolbox_train.planning import preflight
     from toolbox_train.planning.run import Dist, resolve
     from toolbox_train.training import loading
 
@@ -55,8 +55,7 @@ def built(tmp_path_factory, tiny_models):
     def plan_of(**over):
         p = resolve(train_config(tiny_models("llama"), data, tmp / "out", **{**GRPO, **over}), check_output=False)
         p, train_ds, _ = preflight.validate(p)
-        fmt = p.data_format
-        return p, train_ds, fmt, rewards.check(p, 1)
+        return p, train_ds
 
     p, *_ = plan_of()
     model, tok, _ = loading.load(p, Dist())
@@ -66,12 +65,12 @@ def built(tmp_path_factory, tiny_models):
 
 
 def _trainer(built, **over):
-    from toolbox_train import objectives
     from toolbox_train.planning.run import Dist
+    from toolbox_train.units import registry
 
     plan_of, model, tok = built
-    p, train_ds, fmt, rw = plan_of(**over)
-    t = objectives.build(p, Dist(), model, tok, None, train_ds, None, [], fmt, rw)
+    p, train_ds = plan_of(**over)
+    t = registry.build(p, Dist(), model, tok, None, train_ds, None, [])
     t.current_gradient_accumulation_steps = 1  # what Trainer's loop sets before each micro-step
     return t
 

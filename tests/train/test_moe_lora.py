@@ -148,13 +148,13 @@ def test_dense_config_unchanged(tmp_path):
     """A dense model: no target_parameters in the PEFT config, no note, no resolved key."""
     from types import SimpleNamespace
 
-    from toolbox_train import objectives
+    from toolbox_train.units import registry
     from toolbox_train.models.lora import lora_target_parameters, peft_config
 
     cfg = SimpleNamespace(lora=SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules="all-linear"),
                           method="lora")
     p = SimpleNamespace(cfg=cfg, multimodal=False, model_config=SimpleNamespace(model_type="llama"),
-                        objective=objectives.REGISTRY["sft"])
+                        objective=registry.REGISTRY["sft"])
     assert lora_target_parameters(p) == []
     assert not peft_config(p).target_parameters
 

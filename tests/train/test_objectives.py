@@ -186,7 +186,7 @@ def test_dpo_on_the_unsloth_path_uses_the_adapter_disabled_base(tmp_path, tiny_m
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from toolbox_train.training import loading as models
-    from toolbox_train import objectives
+    from toolbox_train.units import registry
     from toolbox_train.training.trainer import Metrics
 
     class Fast:
@@ -209,7 +209,7 @@ def test_dpo_on_the_unsloth_path_uses_the_adapter_disabled_base(tmp_path, tiny_m
     model, tok, peft_cfg = models.load(p, finetune.Dist())
     assert peft_cfg is None and isinstance(model, PeftModel)
     summary: dict = {}
-    tr = objectives.build(p, finetune.Dist(), model, tok, None, train, None, [Metrics(p.out / "m.jsonl", summary)])
+    tr = registry.build(p, finetune.Dist(), model, tok, None, train, None, [Metrics(p.out / "m.jsonl", summary)])
     assert tr.ref_model is None and type(tr).__name__ == "ToolboxDPOTrainer"
     tr.train()
     assert summary["steps"] == 2

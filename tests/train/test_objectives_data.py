@@ -93,7 +93,7 @@ def test_sft_data_for_dpo_and_a_contradicting_format(tmp_path, tiny_model, capsy
 def test_grpo_rewards_are_resolved_before_the_model(tmp_path, tiny_model, capsys):
     prompts = pref.write(tmp_path / "g.jsonl", "prompt", 8)
     grpo = {"objective": "grpo", "grpo.num_generations": 4, "train.per_device_batch_size": 4}
-    _refused(capsys, tmp_path, tiny_model, prompts, ["grpo.rewards: objective grpo needs at least one reward"],
+    _refused(capsys, tmp_path, tiny_model, prompts, ["grpo.rewards: the objective needs at least one reward"],
              **grpo)
     _refused(capsys, tmp_path, tiny_model, prompts,
              ["grpo.rewards.0.function: no my_rewards.py beside the config", "no installed module 'my_rewards'"],

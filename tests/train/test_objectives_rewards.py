@@ -209,7 +209,7 @@ def test_the_trial_call_passes_what_trl_passes(tiny_model):
                                       "objective": "grpo", "grpo": {"rewards": [{"function": "m:record"},
                                                                                 {"function": "m:later"}]}})
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    rewards.trial(cfg, [record, later], ds, tok, "data.path")
+    rewards.trial(cfg.grpo.rewards, [record, later], ds, tok, "data.path", "grpo.rewards")
     assert got["prompts"] == chat[:4] and got["answer"] == ["0", "1", "2", "3"] and got["step"] == 0
     assert got["completions"] == [[{"role": "assistant", "content": f"say {w}"}] for w in "abcd"]
     assert got["ids"] == [tok(f"say {w}", add_special_tokens=False)["input_ids"] for w in "abcd"]
@@ -218,4 +218,4 @@ def test_the_trial_call_passes_what_trl_passes(tiny_model):
         return [float("nan")] * len(completions)
 
     with pytest.raises(rewards.UserError, match=r"grpo.rewards.1.function: m:later: returned nan for completion 1"):
-        rewards.trial(cfg, [record, nan], ds, tok, "data.path")
+        rewards.trial(cfg.grpo.rewards, [record, nan], ds, tok, "data.path", "grpo.rewards")

@@ -32,12 +32,12 @@ def test_resolve_twice_executes_the_module_once_and_a_changed_file_again(tmp_pat
     module = tmp_path / "my_rewards.py"
     module.write_text(REWARDS)
     cfg = _config([{"function": "my_rewards:correct"}])
-    first, _ = rewards.resolve(cfg, tmp_path)
-    second, _ = rewards.resolve(cfg, tmp_path)
+    first, _ = rewards.resolve(cfg.grpo.rewards, tmp_path, "grpo.rewards")
+    second, _ = rewards.resolve(cfg.grpo.rewards, tmp_path, "grpo.rewards")
     assert first[0] is second[0]
     assert (tmp_path / "executions.txt").read_text().split() == ["executed"]
     module.write_text(REWARDS + "# changed\n")
-    third, _ = rewards.resolve(cfg, tmp_path)
+    third, _ = rewards.resolve(cfg.grpo.rewards, tmp_path, "grpo.rewards")
     assert third[0] is not first[0]
     assert (tmp_path / "executions.txt").read_text().split() == ["executed", "executed"]
 
@@ -51,7 +51,7 @@ def test_a_module_that_fails_to_import_fails_each_time(tmp_path):
     cfg = _config([{"function": "broken_rewards:f"}])
     for _ in range(2):
         with pytest.raises(rewards.UserError, match="broken_rewards.py: importing it failed: no"):
-            rewards.resolve(cfg, tmp_path)
+            rewards.resolve(cfg.grpo.rewards, tmp_path, "grpo.rewards")
 
 
 def test_finetune_executes_the_reward_module_once(tmp_path, tiny_model):
@@ -65,5 +65,5 @@ def test_finetune_executes_the_reward_module_once(tmp_path, tiny_model):
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     assert finetune.main(["--config", str(path)]) == 0
-    # preflight resolved and tried it, the run resolved it again: one execution (it was two)
+    # preflight resolved and tried it; the run trains with what preflight resolved: one execution (it was two)
     assert (tmp_path / "executions.txt").read_text().split() == ["executed"]

@@ -212,7 +212,7 @@ def test_python_tests_resolves_and_scores_what_trl_passes_it(limits, tmp_path, t
 
     cfg = _config([{"function": "python_tests", "sandbox": limits.model_dump(exclude_none=True)},
                    {"function": "length", "max_chars": 400, "weight": 0.1}])
-    funcs, weights = rewards.resolve(cfg, tmp_path)
+    funcs, weights = rewards.resolve(cfg.grpo.rewards, tmp_path, "grpo.rewards")
     assert funcs[0].__name__ == "python_tests" and weights == [1.0, 0.1]
     completions = [[{"role": "assistant", "content": "Here:\n```python\ndef add(a, b):\n    return a + b\n```"}],
                    [{"role": "assistant", "content": "```python\nwhile True:\n    pass\n```"}],
@@ -225,10 +225,11 @@ def test_python_tests_resolves_and_scores_what_trl_passes_it(limits, tmp_path, t
     tok = AutoTokenizer.from_pretrained(tiny_model)
     rows = Dataset.from_list([{**r, "tests": r["tests"] if isinstance(r["tests"], list) else [r["tests"]]}
                               for r in CODE_ROWS])
-    rewards.trial(cfg, funcs, rows, tok, "data.path")
+    rewards.trial(cfg.grpo.rewards, funcs, rows, tok, "data.path", "grpo.rewards")
     with pytest.raises(rewards.UserError, match=r"grpo.rewards.0.function: python_tests: raised ValueError: "
                                                 r"python_tests needs a `tests` column"):
-        rewards.trial(cfg, funcs, Dataset.from_list([{"prompt": "x"}] * 2), tok, "data.path")
+        rewards.trial(cfg.grpo.rewards, funcs, Dataset.from_list([{"prompt": "x"}] * 2), tok, "data.path",
+                      "grpo.rewards")
 
 
 def test_a_sandbox_that_cannot_run_is_refused_before_the_model_loads(tmp_path):
@@ -239,7 +240,7 @@ def test_a_sandbox_that_cannot_run_is_refused_before_the_model_loads(tmp_path):
     cfg = _config([{"function": "python_tests", "sandbox": {"python": str(tmp_path / "no-python" / "bin" / "python")}}])
     with pytest.raises(rewards.UserError, match=r"^grpo.rewards.0.function: python_tests: the sandbox does not run "
                                                 r"here: sandbox_error: .*no-python"):
-        rewards.resolve(cfg, tmp_path)
+        rewards.resolve(cfg.grpo.rewards, tmp_path, "grpo.rewards")
     for bad, why in (({"function": "format", "pattern": "x", "sandbox": {}}, "sandbox belongs to the python_tests"),
                      ({"function": "python_tests", "sandbox": {"timeout": 0}}, "timeout"),
                      ({"function": "python_tests", "sandbox": {"memory": 1}}, "memory")):

@@ -8,7 +8,7 @@ The script is thin, as TRL's trl/scripts/sft.py is over its SFTConfig and SFTTra
   planning/run.py         the resolvers and the one frozen ResolvedRun (what `launch` imports; nothing heavy)
   planning/preflight.py   every row through the tokenizer, before anything is written
   training/loading.py     the HF / Unsloth model loaders and the PEFT config
-  objectives/             the registry; each objective's unit `<name>/` (config.py -> TRL's config, trainer.py)
+  units/registry.py       the objectives found; each objective's unit objectives/<name>/ (hooks, config, trainer)
   training/trainer.py     what every objective's trainer shares (atomic checkpoints, LocalSGD, metrics)"""
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from toolbox_train.runs import checkpoints
 from toolbox_train.commands import finetune_report as report
 from toolbox_train.config import tracking
 from toolbox_train.config.schema import SOURCE_KEYS
-from toolbox_train import objectives
-from toolbox_train.planning import rewards as grpo_rewards
+from toolbox_train.units import registry
 from toolbox_train.runs.folder import METRICS, SUMMARY
 
 
@@ -75,7 +74,7 @@ def prepare_output(p: ResolvedRun, resume: bool, overwrite: bool) -> None:
 def resolved_document(p: ResolvedRun) -> dict:
     """config.resolved.yaml, from the run: the config in the one form it ran (the objective's own section;
     a single data path's keys or the sources), then `_resolved`, what the resolvers made of it."""
-    others = {n for n, u in objectives.REGISTRY.items() if u.section} - {p.objective.name}
+    others = {n for n, u in registry.REGISTRY.items() if u.section} - {p.objective.name}
     data = ("path", *SOURCE_KEYS) if p.cfg.data.sources else ("sources", "stopping_strategy")
     doc = p.cfg.model_copy(update={"model": p.cfg.model.model_copy(update={"path": p.model_path})})
     doc = doc.model_dump(mode="json", exclude={**dict.fromkeys(others, True), "data": set(data)})
@@ -83,7 +82,7 @@ def resolved_document(p: ResolvedRun) -> dict:
                         "gradient_accumulation_steps": p.grad_accum, "liger": p.liger,
                         "lm_head_kernel": p.lm_head_kernel, "data_format": p.data_format, "sync": p.sync,
                         "gradient_checkpointing": p.gradient_checkpointing,
-                        "objective": p.objective.name, "reference_model": p.reference}
+                        "objective": p.objective.name, "reference_model": p.reference, **p.extras}
     if p.cfg.train.per_device_batch_size == "auto":
         doc["_resolved"]["per_device_batch_size"] = p.batch
     if p.lora_target_parameters:  # GPT-OSS's fused experts: adapted through PEFT's target_parameters (models/lora.py)
@@ -106,8 +105,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
     # Unsloth (when the run is on it) imported before transformers, TRL and PEFT: it patches them
     p = resolve(config, overrides, resume=resume, overwrite=overwrite, check_output=dist.rank == 0,
                 device_memory=device_memory, on_backend=import_backend)
-    p, train_ds, eval_ds = preflight.validate(p)  # bad data is still bad input: before the model
-    rewards = grpo_rewards.check(p, dist.world_size)  # GRPO's reward functions, before the model too
+    p, train_ds, eval_ds = preflight.validate(p)  # bad data is still bad input: before the model (the unit's too)
     exports = p.cfg.output.export
     try:
         report.check_exports(exports)
@@ -136,8 +134,8 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
         text_tok.pad_token = text_tok.eos_token
 
     summary: dict[str, Any] = {"output_dir": str(p.out)}
-    callbacks = [Metrics(p.out / METRICS, summary), *callbacks]
-    trainer = objectives.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, p.data_format, rewards)
+    callbacks = [Metrics(p.out / METRICS, summary, p.objective.metrics), *callbacks]
+    trainer = registry.build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks)
     args = trainer.args
     if args.save_on_each_node:
         # transformers 5.x writes model weights on global rank 0 only, whatever save_on_each_node
@@ -173,7 +171,7 @@ def run(config: dict | str | Path, overrides: Sequence[str] = (), resume: bool =
 
 def summarize(p: ResolvedRun, trainer, summary: dict) -> dict:
     """The end-of-run summary (returned, printed by main, summary.json on rank 0)."""
-    from toolbox_train.training.trainer import eval_history, peak_mem_gib, weights_digest
+    from toolbox_train.training.trainer import eval_history, objective_span, peak_mem_gib, weights_digest
 
     if trainer.accelerator.num_processes > 1 and not trainer.is_fsdp_enabled:
         # Every rank must end with the same weights (DDP, or LocalSGD after its last average).
@@ -188,9 +186,8 @@ def summarize(p: ResolvedRun, trainer, summary: dict) -> dict:
             if (p.out / METRICS).exists() else []
         if rows:  # the whole run's, a resumed one included
             summary["first_loss"], summary["last_loss"] = rows[0]["loss"], rows[-1]["loss"]
-            if p.objective.metrics:  # e.g. DPO's rewards/accuracies, GRPO's mean reward
-                summary["objective"] = {"name": p.objective.name, **{
-                    k: {"first": rows[0][k], "last": rows[-1][k]} for k in p.objective.metrics if k in rows[-1]}}
+            if p.objective.metrics:  # every one metrics.jsonl kept: DPO's rewards/accuracies, GRPO's reward and kl
+                summary["objective"] = {"name": p.objective.name, **objective_span(rows, p.objective.metrics)}
     summary.setdefault("first_loss", None)
     summary.setdefault("last_loss", None)
     if trainer.is_world_process_zero():

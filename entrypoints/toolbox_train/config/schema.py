@@ -13,7 +13,7 @@ from toolbox_train.contract import UserError
 from toolbox_train.guards import path_problem, special_file
 from toolbox_train.safe_yaml import SafeYamlError, load_file, load_text
 from toolbox_train.config.errors import fmt_errors, set_item
-from toolbox_train import objectives
+from toolbox_train.units import registry
 from toolbox_train.config.tracking import MlflowCfg, Tracker, TrackioCfg, WandbCfg
 
 
@@ -84,7 +84,7 @@ class DataCfg(_Strict):
     sources: list[SourceCfg] | None = Field(None, min_length=1, description="several sources mixed into one "
                                             "training set, instead of data.path")
     format: FORMATS = Field(
-        "auto", description="auto: detected for sft; preference (dpo, orpo), unpaired (kto), prompt (grpo)")
+        "auto", description="auto: the objective's own (docs/preference.md), detected for text rows; or name it")
     split: str = "train"
     text_field: str = "text"
     fields: dict[str, str] = Field(default_factory=dict, description=FIELDS_DOC)
@@ -95,7 +95,7 @@ class DataCfg(_Strict):
         "mixture ends when a source runs out (no row twice); all_exhausted: smaller sources repeat until every "
         "source has been seen whole")
     train_on: Literal["responses", "all"] = Field(
-        "responses", description="sft's loss: responses: the assistant turns of chat rows (TRL's "
+        "responses", description="the next-token loss: responses: the assistant turns of chat rows (TRL's "
         "assistant_only_loss), the completion of prompt/completion rows (completion_only_loss); all: every token")
     max_seq_length: int = Field(1024, gt=0)
     packing: bool = False
@@ -165,20 +165,20 @@ class TrainCfg(_Strict):
         "auto", description="auto: off where the memory plan fits the device with a margin (faster), else on")
     liger: bool | Literal["auto"] = "auto"
     lm_head_tokens: Literal["all", "labelled"] = Field(
-        "all", description="SFT's training loss on TRL's fused LM head: all: every position through the head, "
+        "all", description="the next-token loss on TRL's fused LM head: all: every position through the head, "
         "the unlabelled ones' log-probabilities zeroed (no host sync, as the bare loops); labelled: only the "
         "labelled positions (TRL's own boolean-mask gather: a host sync in the forward and one in the backward, "
         "less head work where many tokens are unlabelled, e.g. prompts under completion-only loss or padding)")
 
     lm_head_kernel: Literal["auto", "trl", "liger"] = Field(
-        "auto", description="SFT's training loss with output.step_metrics loss on a GPU: trl: TRL's fused LM head "
+        "auto", description="the next-token loss with output.step_metrics loss on a GPU: trl: TRL's fused LM head "
         "(its backward recomputes each logits tile); liger: Liger's fused linear cross-entropy (gradients in the "
         "forward, no recompute; needs train.liger); auto: liger where Liger is on and the head is frozen (LoRA, "
         "QLoRA: one head GEMM fewer a step) or, on full fine-tuning, Liger's chunks of the micro-batch are >= 512 "
         "rows (planning/heads.py: measured faster there, slower at 128), else trl")
 
     router_aux_loss_coef: Literal["auto"] | float = Field(
-        "auto", description="SFT on a mixture-of-experts model (GPT-OSS, Qwen3-MoE, Mixtral): the weight of the "
+        "auto", description="the next-token loss on a mixture-of-experts model (GPT-OSS, Qwen3-MoE, Mixtral): the weight of the "
         "router's load-balancing loss added to the training loss; auto: the model config's own "
         "(router_aux_loss_coef in config.json, TRL's default); 0 trains without it. Refused on a model that has no "
         "router")
@@ -233,7 +233,7 @@ class OutputCfg(_Strict):
     save: Literal["adapter", "merged", "both"] = "adapter"
     logging_steps: int = Field(1, gt=0)
     step_metrics: Literal["loss", "deferred", "synced"] = Field(
-        "loss", description="SFT's per-step metrics besides the loss. loss: no entropy or token accuracy "
+        "loss", description="the next-token loss's per-step metrics besides the loss. loss: no entropy or token accuracy "
         "computed (TRL's fused LM head asked for the log-probabilities alone), the token counts summed on "
         "the device and read at each log step; deferred: TRL's entropy and token accuracy too, summed on the "
         "device and read at each log step; synced: all read back every step as TRL and transformers do (a "
@@ -285,11 +285,11 @@ class _Config(_Strict):
         return v.lower() if isinstance(v, str) else v
 
 
-# The objectives and their sections come from the registry (objectives/), the one list of them.
+# The objectives and their sections come from the registry (units/registry.py), the one list of them.
 TrainConfig = create_model(
     "TrainConfig", __base__=_Config, __module__=__name__,
-    objective=(Literal[tuple(objectives.REGISTRY)], "sft"),
-    **{name: (u.section, u.section()) for name, u in objectives.REGISTRY.items() if u.section},
+    objective=(Literal[tuple(registry.REGISTRY)], registry.DEFAULT),
+    **{name: (u.section, u.section()) for name, u in registry.REGISTRY.items() if u.section},
     method=(Literal["full", "lora", "qlora", "lora-8bit"], "lora"),
     lora=(LoraCfg, LoraCfg()),
     backend=(Literal["auto", "hf", "unsloth"], "auto"),

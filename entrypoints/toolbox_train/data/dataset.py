@@ -12,7 +12,7 @@ from typing import Any, Callable
 from toolbox_train.contract import UserError, first_line
 from toolbox_train.guards import special_file
 from toolbox_train.data import images, pref_rows
-from toolbox_train import objectives
+from toolbox_train.units import registry
 from toolbox_train.data.rowcheck import NAMED, Locate, check_rows, detect_format, missing_columns, refuse, scan_jsonl
 
 SUFFIX_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -160,7 +160,7 @@ def shape(ds, fmt: str, text_field: str, path: str):
     """Map rows (already checked against `fmt`) to what SFTTrainer expects: `text`,
     `prompt`+`completion`, or `messages`. Row order is kept, so a row's index still locates it."""
     cols = list(ds.column_names)
-    if fmt == "prompt":  # GRPO: TRL passes every other column to the reward functions as keyword arguments
+    if fmt == "prompt":  # the sampling trainers: TRL passes every other column to the reward functions as keyword arguments
         taken = [c for c in cols if c in pref_rows.REWARD_ARGS]
         if taken:
             raise UserError(f"data: {path}: column(s) {taken} have the names of arguments TRL gives the reward "
@@ -195,12 +195,13 @@ Check = Callable[[Any, str, Locate, str], None]
 def data_format(cfg, have: str | None = None, field: str = "data.format") -> str:
     """The format the objective reads: SFT's are detected (`auto`) or named; each preference
     objective reads one of TRL's types, which `data.format` (or a source's) may name but not contradict."""
-    formats = objectives.data_formats()
+    formats = registry.data_formats()
     want = formats.get(cfg.objective)
     have = cfg.data.format if have is None else have
     if want is None and have in pref_rows.FORMATS:
         raise UserError(f"{field}: {have} is data for "
-                        f"{'/'.join(k for k, v in formats.items() if v == have)}, not objective sft")
+                        f"{'/'.join(k for k, v in formats.items() if v == have)}, not objective "
+                        f"{registry.named(lambda u: not u.data_format)}")
     if want is not None and have not in ("auto", want):
         raise UserError(f"{field}: objective {cfg.objective} trains on {want} rows "
                         f"({pref_rows.HINT[want]}), not {have}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from toolbox_train.disk import atomic_write
 from toolbox_train.runs.folder import SUMMARY
+from toolbox_train.units import registry
 
 CARD = "README.md"
 # A Hub cache snapshot: .../models--ORG--NAME/snapshots/REV (its repo id is in the path).
@@ -93,7 +94,7 @@ def card_text(resolved: dict, summary: dict, output: str, files: list[str] = ())
     model, data, train, lora = resolved["model"], resolved.get("data") or {}, resolved.get("train") or {}, \
         resolved.get("lora") or {}
     r = resolved.get("_resolved") or {}
-    method, objective = resolved["method"], resolved.get("objective", "sft")
+    method, objective = resolved["method"], resolved.get("objective", registry.DEFAULT)
     base = model["path"]
     hub_base = _hub_id(base)
     sources = list(dict.fromkeys(_sources(data)))

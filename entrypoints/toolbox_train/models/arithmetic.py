@@ -189,8 +189,9 @@ class Setting:
     unified_memory: bool = False  # APU: host offload takes the same memory
     reference_copy: bool = False  # DPO/KTO full fine-tuning: a frozen copy of the model beside it
     lora_params: int | None = None  # the adapter's size as PEFT built it; None: Shape.lora_params's count
-    sampler_kv: float = 0.0  # GRPO: bytes of the sampler's KV cache (planning/generation.py kv_cache_bytes)
+    sampler_kv: float = 0.0  # bytes of the sampler's KV cache (generation/sampler.py kv_cache_bytes)
     sampler_kv_resident: bool = False  # a static cache under compiled decoding: counted through the whole step
+    teacher_bytes: float = 0.0  # a frozen teacher model's weights beside the trained one (held through the step)
     vision_train: tuple[str, ...] = ()  # a vision-language model's vision.train (language, vision, projector)
     patches_per_row: int = 0  # patches a row's images give the tower (where it trains): one image a row, planned
 
@@ -287,6 +288,8 @@ def estimate(s: Shape, st: Setting) -> Estimate:
         parts["weights"] = n * e
     if st.reference_copy:  # frozen, in the training precision; FSDP shards it like the model
         parts["reference_model"] = n * e / (world if st.strategy == "fsdp" else 1)
+    if st.teacher_bytes:  # its forward runs under no_grad: its weights are what it keeps
+        parts["teacher_model"] = st.teacher_bytes / (world if st.strategy == "fsdp" else 1)
     # -- trainable parameters: grads, optimizer states, optimizer step temporaries
     frozen = s.extra_params  # the tower and projector, unless vision.train names them
     if s.tower is not None:
@@ -365,8 +368,8 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     parts["grads"] = grads
     parts["step_temp"] = temp
     parts["overhead"] = CAL["overhead_gib"] * GiB
-    peak = (parts["weights"] + parts.get("reference_model", 0) + states + parts.get("gathered_layers", 0)
-            + phases[where] + parts["overhead"])
+    peak = (parts["weights"] + parts.get("reference_model", 0) + parts.get("teacher_model", 0) + states
+            + parts.get("gathered_layers", 0) + phases[where] + parts["overhead"])
     if st.unified_memory:
         peak += host
     return Estimate(dataclasses.replace(st), parts, peak, host, where)

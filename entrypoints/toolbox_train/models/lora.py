@@ -9,7 +9,7 @@ import math
 
 from toolbox_train.contract import UserError
 from toolbox_train.data.images import FORMAT as IMAGE_ROWS
-from toolbox_train.objectives.unit import HEADS
+from toolbox_train.units.objective import HEADS
 from toolbox_train.models import vision
 from toolbox_train.models.arithmetic import expert_targets, moe_experts
 

@@ -8,6 +8,9 @@ before any rank starts); preflight and the model-config check import transformer
   heads        the LM head SFT's loss runs on (train.lm_head_kernel)
   memory       the memory plan: what fits, `gradient_checkpointing: auto`, refusals, the `--plan` table
   preflight    every row through the tokenizer (chat templates, completion lengths)
-  rewards      GRPO's reward functions: resolved and tried on a few rows; GRPO's checks
+  reward_config  a reward entry as train.yaml writes it (the objectives that score completions share it)
+  rewards      reward functions: resolved and tried on a few rows
+  tools        tools and environment classes a model calls while it generates, and the chat template's
+               tool format, checked before the model loads
   generation   GRPO's generation mode (transformers or vLLM colocate): can it run, TRL's arguments
 """

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import math
 
-from toolbox_train import objectives
+from toolbox_train.units import registry
 from toolbox_train.contract import UserError
 
 LIGER_MIN_CHUNK_ROWS = 512  # measured faster at 512 and 1,024 rows, slower at 128; 256 not measured
@@ -50,7 +50,7 @@ def liger_chunk_rows(tokens: int, hidden: int, vocab: int, mem_const: int = 1) -
 def check(cfg, liger: bool) -> None:
     """`train.lm_head_kernel: liger` where Liger's head cannot run: one line naming the field."""
     if cfg.train.lm_head_kernel == "liger" and not (liger and cfg.output.step_metrics == "loss"):
-        raise UserError("train.lm_head_kernel: liger needs train.liger on (backend hf, a GPU, objective sft) and "
+        raise UserError("train.lm_head_kernel: liger needs train.liger on (backend hf, a GPU, the next-token loss) and "
                         f"output.step_metrics: loss (Liger's head gives no entropy or accuracy); liger is "
                         f"{bool(liger)}, step_metrics {cfg.output.step_metrics}")
 
@@ -67,7 +67,7 @@ def pick(cfg, text_config, liger: bool, batch: int | None = None, token_loss: bo
     k = cfg.train.lm_head_kernel
     if k != "auto":
         return k, "train.lm_head_kernel"
-    token_loss = objectives.of(cfg).token_loss if token_loss is None else token_loss
+    token_loss = registry.of(cfg).token_loss if token_loss is None else token_loss
     if not liger or not token_loss or cfg.output.step_metrics != "loss":
         return "trl", "Liger off" if not liger else f"objective {cfg.objective}, step_metrics {cfg.output.step_metrics}"
     if cfg.method != "full":

@@ -12,6 +12,7 @@ from toolbox_train.data.dataset import looks_like_hub_id, resolve_local
 from toolbox_train.guards import cannot_make, unwritable
 from toolbox_train.runs import checkpoints
 from toolbox_train.runs.folder import RESOLVED_CONFIG
+from toolbox_train.units import registry
 
 # Files `launch` writes into the output folder before finetune starts.
 LAUNCH_DIR = "launch"
@@ -70,7 +71,7 @@ def trl_problem(cfg) -> None:
     if have is None or Version(have) < Version(TRL_FOR_OBJECTIVES):
         raise UserError(f"objective: {cfg.objective} needs TRL >= {TRL_FOR_OBJECTIVES} (installed: {have or 'none'}); "
                         "every shipped stack pins TRL 1.15.0 (older gfx1151 images carry 0.24): rebuild the "
-                        "image or upgrade this environment's TRL, or use objective sft")
+                        f"image or upgrade this environment's TRL, or use objective {registry.named(lambda u: not u.needs_trl)}")
 
 
 

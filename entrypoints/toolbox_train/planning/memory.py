@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from toolbox_train.models.arithmetic import GiB, Estimate, Setting, Shape, estimate, parse_size
-from toolbox_train import objectives
+from toolbox_train.units import registry
+from toolbox_train.units.objective import Context
 
 SAFETY = 0.85  # plan to use at most 85% of the device: the planner is calibrated to about +-15%
 
@@ -182,7 +184,7 @@ class MemoryPlan:
     device_bytes: float | None
     table: str
     batch_reason: str = ""  # per_device_batch_size: auto
-    sampler: str = ""  # GRPO: the sampler grpo.generation resolves to, and why
+    note: str = ""  # the objective's own part (its memory hook's note: a sampler, a teacher)
     line: str = ""  # the banner line (made with the plan: summarized)
     resolved: dict = field(default_factory=dict)  # what config.resolved.yaml's `_resolved` says of it
 
@@ -200,7 +202,7 @@ class MemoryPlan:
                 + (f" of {self.device_bytes / GiB:.1f} GiB" if self.device_bytes else "")
                 + (f" (with the frozen reference copy, {ref / GiB:.2f} GiB)" if ref else "")
                 + f"; gradient checkpointing {self.decision.gradient_checkpointing} ({self.decision.reason})"
-                + (f"; GRPO sampler {self.sampler}" if self.sampler else "")
+                + (f"; {self.note}" if self.note else "")
                 + (f", its KV cache {e.parts['sampler_kv_cache'] / GiB:.2f} GiB"
                    f"{' (static: held through the step)' if self.setting.sampler_kv_resident else ''}"
                    if e.parts.get("sampler_kv_cache") else ""))
@@ -238,15 +240,15 @@ def unified_memory(local_rank: int = 0) -> bool:
 def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
                   precision: str = "bf16", device_bytes: float | None = None, gpu: bool = True,
                   unified: bool = False, lora_params: int | None = None, unit=None, reference: str | None = None,
-                  seq: int | None = None, patches_per_image: int = 0) -> MemoryPlan:
+                  seq: int | None = None, patches_per_image: int = 0, extras: dict | None = None) -> MemoryPlan:
     """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`. `lora_params`: the
     adapter's size where PEFT built it (planning/run.py), in place of the arithmetic's count; `unit` and
     `reference`, `seq`: the run's objective, reference model and tokens a sequence (planning/run.py), else read
-    from `cfg`. `patches_per_image`: an image's patches in a training vision tower (models/vision.py)."""
+    from `cfg`, `extras` the unit's (else asked here). `patches_per_image`: an image's patches in a training tower."""
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
-    unit = unit or objectives.of(cfg)
+    unit = unit or registry.of(cfg)
     reference = reference or unit.reference(cfg)
     # the sequences of one example in a forward (DPO/ORPO: chosen and rejected in one batch)
     rows = unit.rows
@@ -267,11 +269,9 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
         per_dev = t.batch_size // world_size if t.batch_size else None
         b, _, batch_reason = decide_batch(shape, dataclasses.replace(st, batch=1), device_bytes, per_dev)
         st = dataclasses.replace(st, batch=b)
-    sampler = ""
-    if unit.samples:  # GRPO: the sampler's KV cache
-        from toolbox_train.planning.generation import with_sampler
-
-        st, sampler = with_sampler(cfg, st, shape, backend, gpu, world_size)
+    ctx, note = Context(cfg, Path("."), backend, gpu, world_size), ""
+    if unit.memory:  # a sampler's KV cache, a teacher's weights (its extras: the run's, else asked here)
+        st, note = unit.memory(ctx, unit.resolve(ctx) if extras is None else extras, st, shape)
     dec = decide_checkpointing(shape, st, device_bytes)
     if t.gradient_checkpointing != "auto":
         chosen = t.gradient_checkpointing
@@ -283,7 +283,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     if device_bytes and estimate(shape, final).peak > device_bytes:  # what would fit instead
         rows += [a for a in alternatives(shape, final, device_bytes) if a.setting not in [r.setting for r in rows]]
     return MemoryPlan(shape, final, dec, device_bytes, render_table(shape, rows, device_bytes, final), batch_reason,
-                      sampler).summarized()
+                      note).summarized()
 
 
 def refusal(p: MemoryPlan) -> str | None:

@@ -1,6 +1,7 @@
 """The checks that need the tokenizer but not the model, run on every row before anything is
 written: the chat template over every conversation, and the rows whose whole completion
-truncation at data.max_seq_length would cut (TRL drops them; all of them is bad input)."""
+truncation at data.max_seq_length would cut (TRL drops them; all of them is bad input); then the
+objective's own (its unit's prepare hook, once: what its trainer is given)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import dataclasses
 from itertools import islice
 
 from toolbox_train.data import images, pref_rows
-from toolbox_train.planning import rewards
 from toolbox_train.data.dataset import Locate, load_datasets
 from toolbox_train.contract import UserError, first_line
 from toolbox_train.planning.run import ResolvedRun, log, with_images_per_row
@@ -152,8 +152,8 @@ def check_image_rows(p: ResolvedRun, ds, locate: Locate, field: str) -> None:
 
 
 def validate(p: ResolvedRun):
-    """Every dataset row against the format, then the tokenizer's checks: (the run with its data format,
-    train, eval).
+    """Every dataset row against the format, then the tokenizer's checks, then the objective's prepare
+    hook: (the run with its data format and its trainer's inputs, train, eval).
 
     Runs before anything is written (finetune) or any rank starts (launch).
     """
@@ -183,11 +183,12 @@ def validate(p: ResolvedRun):
         raise UserError(p.locate(str(exc))) from None
     train, evald, fmt = loaded
     sets = [(train, "data.path")] + ([(evald, "data.eval_path")] if p.cfg.data.eval_path else [])
-    rewards.check(p, p.world_size, tok, sets)  # GRPO's reward functions resolve and run: launch checks them too
     p = dataclasses.replace(p, data_format=fmt)
     if fmt == images.FORMAT:  # the plan at the most images a row holds (it counted one)
         try:
             p = with_images_per_row(p, max(len(r["images"] or []) for r in train))
         except UserError as exc:
             raise UserError(p.locate(str(exc))) from None
+    if p.objective.prepare:  # e.g. reward functions resolved and tried (launch checks them too)
+        p = dataclasses.replace(p, inputs=p.objective.prepare(p, tok, sets))
     return p, train, evald

@@ -1,8 +1,9 @@
-"""GRPO reward functions named in the config: three built-ins (a format check by regex, a length
+"""Reward functions named in a section's `rewards` (an objective unit's that scores completions, with
+the field they are written under: `grpo.rewards`): three built-ins (a format check by regex, a length
 penalty, python_tests: the code against the row's tests in the sandbox) and `module:function`, a
-module.py beside the config or an installed module. Resolved and called once on a few rows
-(`trial`) before the model loads, so a typo, a function that raises or returns no number per
-completion, a sandbox that cannot run here, is exit 2, not a failure after loading.
+module.py beside the config or an installed module, or a reward model's folder. Resolved and called
+once on a few rows (`trial`) before the model loads, so a typo, a function that raises or returns no
+number per completion, a sandbox that cannot run here, is exit 2, not a failure after loading.
 
 A reward function is TRL's: `f(prompts, completions, **columns) -> list[float]`, one per
 completion; conversational completions are lists of messages (the text is the last's content).
@@ -76,9 +77,10 @@ def _module(name: str, base: Path, field: str):
         raise UserError(f"{field}: importing {name!r} failed: {first_line(exc)}") from None
 
 
-def label(i: int, r) -> str:
-    """The entry as messages name it: `grpo.rewards.0.function format`, `grpo.rewards.1.model PATH`."""
-    return f"grpo.rewards.{i}.function {r.function}" if r.function else f"grpo.rewards.{i}.model {r.model}"
+def label(i: int, r, field: str) -> str:
+    """The entry as messages name it: `grpo.rewards.0.function format`, `grpo.rewards.1.model PATH`
+    (`field`: where the list is written, `grpo.rewards`)."""
+    return f"{field}.{i}.function {r.function}" if r.function else f"{field}.{i}.model {r.model}"
 
 
 def reward_model(path: str, base: Path, field: str) -> str:
@@ -90,7 +92,7 @@ def reward_model(path: str, base: Path, field: str) -> str:
     folder = Path(path).expanduser()
     folder = (folder if folder.is_absolute() else base / folder).resolve()
     if not folder.is_dir():
-        raise UserError(f"{field}: {folder}: no such folder (a reward model's folder: a run of objective reward)")
+        raise UserError(f"{field}: {folder}: no such folder (a reward model's folder: a run that trained one)")
     cfg = folder / "config.json"
     if not cfg.is_file():
         adapter = (folder / "adapter_config.json").is_file()
@@ -105,23 +107,22 @@ def reward_model(path: str, base: Path, field: str) -> str:
     labels = len(mc["id2label"]) if isinstance(mc.get("id2label"), dict) else mc.get("num_labels", 2)
     if not arch or labels != 1:
         raise UserError(f"{field}: {folder}: not a reward model (architectures {mc.get('architectures')}, "
-                        f"{labels} labels; expected a *ForSequenceClassification with one label, as a run of "
-                        "objective reward saves)")
+                        f"{labels} labels; expected a *ForSequenceClassification with one label, as a run that "
+                        "trained a reward model saves)")
     return str(folder)
 
 
-def resolve(cfg, base: Path) -> tuple[list[Callable | str], list[float]]:
-    """(reward functions, weights) of `grpo.rewards`, a reward model as its checked folder (TRL loads it);
-    UserError naming the entry otherwise."""
-    rewards = cfg.grpo.rewards
+def resolve(rewards, base: Path, where: str) -> tuple[list[Callable | str], list[float]]:
+    """(reward functions, weights) of the entries `rewards` written at `where` (`grpo.rewards`), a reward
+    model as its checked folder (TRL loads it); UserError naming the entry otherwise."""
     if not rewards:
-        raise UserError("grpo.rewards: objective grpo needs at least one reward function "
+        raise UserError(f"{where}: the objective needs at least one reward function "
                         "(format, length, python_tests, or module:function) or reward model")
     funcs = []
     for i, r in enumerate(rewards):
-        field = f"grpo.rewards.{i}.function"
+        field = f"{where}.{i}.function"
         if r.model is not None:
-            funcs.append(reward_model(r.model, base, f"grpo.rewards.{i}.model"))
+            funcs.append(reward_model(r.model, base, f"{where}.{i}.model"))
         elif r.function == "format":
             funcs.append(format_reward(r.pattern))
         elif r.function == "length":
@@ -170,10 +171,11 @@ def _problem(out, n: int) -> str | None:
     return None
 
 
-def trial(cfg, funcs, ds, tok, field: str) -> None:
+def trial(rewards, funcs, ds, tok, field: str, where: str, extra=None) -> None:
     """Each reward function called as TRL's GRPOTrainer calls it (_calculate_rewards: prompts,
     completions, completion_ids, the data's other columns, trainer_state, log_extra, log_metric), on
-    the first rows of `ds` with stand-in completions; UserError naming the function otherwise."""
+    the first rows of `ds` with stand-in completions; UserError naming the function (`where`: the
+    entries' field, `grpo.rewards`) otherwise."""
     from transformers import TrainerState
 
     rows = ds.select(range(min(TRIAL_ROWS, len(ds)))).to_list()
@@ -182,12 +184,14 @@ def trial(cfg, funcs, ds, tok, field: str) -> None:
     kw = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion", "completion_ids")}
     kw.update(completion_ids=[tok(_text(c), add_special_tokens=False)["input_ids"] for c in completions],
               trainer_state=TrainerState(), log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
+    if extra is not None:  # what the trainer passes besides (an environment per rollout: extra(rows))
+        kw.update(extra(rows))
     how = (f"(called before the model loads on {len(rows)} rows of {field}, each prompt's own text standing in "
            "for its completion)")
-    for i, (r, fn) in enumerate(zip(cfg.grpo.rewards, funcs)):
+    for i, (r, fn) in enumerate(zip(rewards, funcs)):
         if isinstance(fn, str):
             continue  # a reward model: its folder is checked; TRL loads and runs it
-        name = f"grpo.rewards.{i}.function: {r.function}"
+        name = f"{where}.{i}.function: {r.function}"
         try:
             out = fn(prompts=prompts, completions=completions, **kw)
             if inspect.isawaitable(out):  # TRL runs async reward functions too
@@ -199,28 +203,10 @@ def trial(cfg, funcs, ds, tok, field: str) -> None:
             raise UserError(f"{name}: {why} {how}")
 
 
-def check(p, world_size: int, tok=None, sets=()) -> tuple[list, list[float]] | None:
-    """GRPO, before the model loads: the generation mode can run here, the groups fill the batch and
-    the reward functions resolve; with `tok` and `sets` ((dataset, field), ...) each function is
-    called on a few rows of each (`trial`). Returns (functions, weights); None for other objectives."""
-    cfg = p.cfg
-    if cfg.objective != "grpo":
-        return None
-    from toolbox_train.planning import generation
-
-    why = generation.refusal(cfg, p.backend, p.gpu)
-    if why:
-        raise UserError(p.locate(why))
-    g, spg = cfg.grpo.num_generations, cfg.grpo.steps_per_generation
-    batch = p.batch * (spg or p.grad_accum) * world_size  # TRL's generation batch
-    if batch % g:
-        steps = "grpo.steps_per_generation" if spg else "accumulation"
-        raise UserError(p.locate(f"grpo.num_generations: {g} completions per prompt must divide the global "
-                                 f"batch of completions ({batch}: per_device_batch_size x {steps} x ranks)"))
-    try:
-        funcs, weights = resolve(cfg, p.base)
-        for ds, field in sets:
-            trial(cfg, funcs, ds, tok, field)
-        return funcs, weights
-    except UserError as exc:
-        raise UserError(p.locate(str(exc))) from None
+def load(rewards, base: Path, where: str, tok=None, sets=(), extra=None) -> tuple[list, list[float]]:
+    """(functions, weights) of the entries `rewards` (written at `where`), each resolved once; with `tok`
+    and `sets` ((dataset, field), ...) each function called on a few rows of each (`trial`)."""
+    funcs, weights = resolve(rewards, base, where)
+    for ds, field in sets:
+        trial(rewards, funcs, ds, tok, field, where, extra)
+    return funcs, weights

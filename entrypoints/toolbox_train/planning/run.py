@@ -18,14 +18,15 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
-from toolbox_train import objectives
 from toolbox_train.config import tracking
 from toolbox_train.config.schema import TrainConfig, load_located
 from toolbox_train.config.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 from toolbox_train.contract import UserError
-from toolbox_train.objectives.unit import REFERENCE_TEXT, Objective
+from toolbox_train.units import registry
+from toolbox_train.units.objective import REFERENCE_TEXT, Context, Objective
 from toolbox_train.models.vision import budget as vision_budget, patches_per_image, plan_note as vision_note
 from toolbox_train.planning import heads, strix
 from toolbox_train.planning.inputs import (gpu_available, is_multimodal, load_model_config, model_files_problem,
@@ -65,10 +66,10 @@ class ResolvedRun:
 
     cfg: TrainConfig  # as written (frozen too); what was `auto` in it is resolved in the fields below
     base: Path  # the config's folder: relative paths in it start here
-    objective: Objective  # the unit of cfg.objective (objectives.REGISTRY)
+    objective: Objective  # the unit of cfg.objective (units.registry.REGISTRY)
     reference: str  # the reference model: none, adapter or copy
     objective_line: str  # the banner's line of the objective, its section and the reference model
-    seq_tokens: int  # the tokens its loss reads a sequence (data.max_seq_length, GRPO's completion added)
+    seq_tokens: int  # the tokens its loss reads a sequence (data.max_seq_length, a generated completion added)
     out: Path
     model_path: str
     model_config: Any
@@ -88,6 +89,9 @@ class ResolvedRun:
     lora_target_parameters: tuple[str, ...] = ()  # GPT-OSS's fused experts (models/lora.py)
     resume_from: Path | None = None
     data_format: str | None = None  # the rows' format, once preflight has read them
+    extras: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # the unit's resolve hook's (frozen)
+    # what the unit's prepare hook gave its trainer (preflight, once: reward functions); not compared, not written
+    inputs: Any = field(default=None, repr=False, compare=False)
     notes: tuple[str, ...] = ()
     # A later check's message on a config field, prefixed with where the field is written.
     locate: Callable[[str], str] = field(default=lambda message: message, repr=False, compare=False)
@@ -96,7 +100,7 @@ class ResolvedRun:
 def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, machine=None) -> str:
     # Planning for another machine (`machine`): the toolbox image there has Unsloth, whatever is installed here.
     have_unsloth = machine is not None or importlib.util.find_spec("unsloth") is not None
-    unit = objectives.REGISTRY[cfg.objective]
+    unit = registry.REGISTRY[cfg.objective]
     if cfg.backend == "unsloth":
         if not unit.unsloth:
             raise UserError(f"backend: unsloth does not train objective {cfg.objective}; use backend: hf or auto")
@@ -180,6 +184,7 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
     backend = pick_backend(cfg, gpu, fsdp, machine)
     if on_backend is not None:
         on_backend(backend)  # before transformers is imported (check_trainer_names, the model's config)
+    extras = MappingProxyType(dict(unit.resolve(Context(cfg, base, backend, gpu, world)) if unit.resolve else {}))
     check_method(cfg, gpu, fsdp, machine)
     check_trainer_names(cfg)
     model_path, mc = resolve_model_config(cfg, base)
@@ -188,13 +193,14 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
     tc = text_config(mc)
     aux, router = cfg.train.router_aux_loss_coef, hasattr(tc, "output_router_logits")
     if aux != "auto" and (not unit.token_loss or (aux and not router)):
-        raise UserError(f"train.router_aux_loss_coef: {aux}: only for objective sft on a mixture-of-experts model "
+        raise UserError(f"train.router_aux_loss_coef: {aux}: only for objective "
+                        f"{registry.named(lambda u: u.token_loss)} on a mixture-of-experts model "
                         f"(objective {cfg.objective}; {model_path} has {'a' if router else 'no'} router)")
     tracking.check(cfg.output)  # each tracker's package, before anything is written
     batch = cfg.train.per_device_batch_size
     run = ResolvedRun(cfg, base, unit, reference, line, seq_tokens, out, model_path, mc, backend, is_multimodal(mc), world, gpu,
                       precision, liger, batch=1 if batch == "auto" else batch, grad_accum=1,
-                      sync=sync_from_env() if sync_mode is None else sync_mode)
+                      sync=sync_from_env() if sync_mode is None else sync_mode, extras=extras)
     notes: list[str] = []
     if cfg.method != "full":
         from toolbox_train.models.lora import check_adapter, lora_target_parameters
@@ -226,7 +232,7 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
 def resolve_objective(cfg: TrainConfig) -> tuple[Objective, str, str, int]:
     """(the objective's unit, its reference model, the banner's line of them, the tokens its loss reads a
     sequence). The unit's own functions are asked here, once, in its own module's order."""
-    unit = objectives.REGISTRY[cfg.objective]
+    unit = registry.REGISTRY[cfg.objective]
     seq_tokens = cfg.data.max_seq_length + unit.extra_tokens(cfg)
     said = unit.describe(getattr(cfg, unit.name).model_dump(mode="json")) if unit.section else {}
     reference = unit.reference(cfg)
@@ -301,7 +307,8 @@ def resolve_liger(cfg: TrainConfig, unit: Objective, backend: str, gpu: bool, ma
         have = machine.liger if machine is not None else importlib.util.find_spec("liger_kernel") is not None
         return bool(backend == "hf" and gpu and unit.token_loss and have)
     if liger and not unit.token_loss:
-        raise UserError(f"train.liger: only with objective sft (objective {cfg.objective} scores tokens with "
+        raise UserError(f"train.liger: only with objective {registry.named(lambda u: u.token_loss)} (objective "
+                        f"{cfg.objective} scores tokens with "
                         "TRL's fused LM head)")
     if liger:
         if backend != "hf":
@@ -347,6 +354,7 @@ def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, prob
         tp = memory.plan_training(run.cfg, run.model_config, run.backend, run.liger, run.world_size, fsdp,
                                    run.precision, dev, gpu=run.gpu, unified=unified, lora_params=run.lora_params,
                                    unit=run.objective, reference=run.reference, seq=run.seq_tokens,
+                                   extras=dict(run.extras),
                                    patches_per_image=images_per_row * patches_per_image(
                                        run.model_config, run.model_path, vision_budget(run.cfg)) if run.multimodal else 0)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder

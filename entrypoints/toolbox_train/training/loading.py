@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolbox_train.models.families import LORA_ALL_LINEAR, family
-from toolbox_train.objectives.unit import HEADS
+from toolbox_train.units.objective import HEADS
 from toolbox_train.planning.run import Dist, ResolvedRun, using_fsdp
 from toolbox_train.models.lora import head, peft_config
 from toolbox_train.models.vision import part_of

@@ -6,6 +6,7 @@ are heavy; Unsloth, when used, must be imported before them: finetune does, plan
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from transformers import TrainerCallback
 
 from toolbox_train.runs import checkpoints
 from toolbox_train.runs import resume
-from toolbox_train import disk, objectives
+from toolbox_train import disk
 from toolbox_train.training import progress
 from toolbox_train.contract import ToolError
 from toolbox_train.models.arithmetic import GiB
@@ -25,8 +26,6 @@ from toolbox_train.planning.run import ResolvedRun, log
 from toolbox_train.config.sync import local_sgd_steps
 
 LOCAL_SGD_STATE = "local_sgd.json"  # in each checkpoint: LocalSGD's step counter
-# What the objectives' TRL trainers log that metrics.jsonl keeps (each unit names its own).
-OBJECTIVE_METRICS = tuple(dict.fromkeys(m for u in objectives.REGISTRY.values() for m in u.metrics))
 
 
 def peak_mem_gib() -> float:
@@ -39,11 +38,27 @@ def peak_mem_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def is_kept(key: str, metrics: tuple[str, ...]) -> bool:
+    """`key` (a name TRL logs) is one of the objective's `metrics` (names, or families such as `tools/*`)."""
+    return any(fnmatch.fnmatchcase(key, m) for m in metrics)
+
+
+def objective_span(rows: list[dict], metrics: tuple[str, ...]) -> dict:
+    """{metric: {first, last}} of every one of `metrics` that any row of metrics.jsonl has: the first and
+    last rows that have it (a metric logged on some steps only, as KTO's rewards/chosen, still counts)."""
+    out: dict = {}
+    for row in rows:
+        for k, v in row.items():
+            if is_kept(k, metrics):
+                out.setdefault(k, {"first": v})["last"] = v
+    return out
+
+
 class Metrics(TrainerCallback):
     """One JSON line per logged optimizer step (rank 0) into metrics.jsonl, plus what the summary needs."""
 
-    def __init__(self, path: Path, summary: dict):
-        self.path, self.summary = path, summary
+    def __init__(self, path: Path, summary: dict, metrics: tuple[str, ...] = ()):
+        self.path, self.summary, self.metrics = path, summary, metrics  # the objective's (TRL's names, families)
         # Test hook: an interruption after step k (the checkpoint of step k is still written).
         self.stop_after = int(os.environ.get("TOOLBOX_STOP_AFTER_STEP", "0") or 0)
         self.t0 = self.t_last = None
@@ -69,9 +84,9 @@ class Metrics(TrainerCallback):
         }
         if "grad_norm" in logs:
             row["grad_norm"] = float(logs["grad_norm"])
-        for k in OBJECTIVE_METRICS:  # the preference objectives' own (TRL's names)
-            if isinstance(logs.get(k), (int, float)):
-                row[k] = float(logs[k])
+        for k, v in logs.items():
+            if k not in row and isinstance(v, (int, float)) and is_kept(k, self.metrics):
+                row[k] = float(v)
         self.t_last, self.tok_last = now, tokens
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")

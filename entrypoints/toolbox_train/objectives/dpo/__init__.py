@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from toolbox_train.objectives.unit import Objective, Section, policy_reference
+from toolbox_train.units.objective import Objective, Section, policy_reference
 
 # TRL 1.15's DPO loss types (DPOConfig.loss_type); several may be combined with loss_weights.
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",

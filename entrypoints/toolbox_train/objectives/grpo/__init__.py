@@ -1,68 +1,26 @@
 """GRPO (`objective: grpo`): completions sampled per prompt, scored by reward functions (or reward
-models), the group's advantages trained on (TRL's GRPOTrainer). Its section's rewards are resolved
-and tried before the model loads (planning/rewards.py)."""
+models), the group's advantages trained on (TRL's GRPOTrainer). Its hooks (hooks.py): the sampler
+picked once (the generation unit, generation/), its KV cache in the memory plan, the rewards resolved
+and tried once before the model loads (planning/rewards.py)."""
 
 from __future__ import annotations
 
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toolbox_train.objectives.unit import Objective, policy_reference
-from toolbox_train.sandbox.limits import Limits
+from toolbox_train.generation import sampler
+from toolbox_train.objectives.grpo import hooks
+from toolbox_train.planning.reward_config import RewardCfg
+from toolbox_train.units.objective import Objective, policy_reference
 
-BUILTIN_REWARDS = ("format", "length", "python_tests")
 # TRL 1.15's GRPO loss types (GRPOConfig.loss_type; its default dapo)
 GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-# grpo.generation: auto picks one of the others (planning/generation.py)
-GENERATION = ("auto", "transformers", "transformers-static", "transformers-paged", "vllm-colocate")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
-
-
-class RewardCfg(_Strict):
-    function: str | None = Field(None, description="format, length, python_tests, or module:function (a module.py "
-                                 "beside the config, or an installed module)")
-    model: str | None = Field(None, description="or a reward model: a folder of a sequence-classification model with "
-                              "one label (a run of objective: reward), its score of prompt + completion")
-    weight: float = 1.0
-    pattern: str | None = Field(None, description="format: a regex the completion must contain (re.search)")
-    max_chars: int | None = Field(None, gt=0, description="length: completions longer than this are penalized")
-    sandbox: Limits | None = Field(None, description="python_tests: the sandbox's limits (docs/preference.md)")
-
-    @field_validator("pattern")
-    @classmethod
-    def _regex(cls, v):
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"not a regular expression: {exc}") from None
-        return v
-
-    @model_validator(mode="after")
-    def _shape(self):
-        f = self.function
-        if (f is None) == (self.model is None):
-            raise ValueError("give function or model (one of them)")
-        if f != "python_tests" and self.sandbox is not None:
-            raise ValueError("sandbox belongs to the python_tests reward")
-        if self.model is not None:
-            if self.pattern is not None or self.max_chars is not None:
-                raise ValueError("pattern belongs to the format reward, max_chars to the length reward")
-            return self
-        if f == "format" and self.pattern is None:
-            raise ValueError("the format reward needs `pattern`")
-        if f == "length" and self.max_chars is None:
-            raise ValueError("the length reward needs `max_chars`")
-        if f not in BUILTIN_REWARDS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", f):
-            raise ValueError(f"{f!r}: expected format, length, python_tests or module:function")
-        if (f != "format" and self.pattern is not None) or (f != "length" and self.max_chars is not None):
-            raise ValueError("pattern belongs to the format reward, max_chars to the length reward")
-        return self
 
 
 class GrpoCfg(_Strict):
@@ -71,12 +29,15 @@ class GrpoCfg(_Strict):
     temperature: float = Field(1.0, gt=0)
     beta: float = Field(0.0, ge=0, description="KL weight; > 0 needs the reference model")
     rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")
-    generation: Literal[GENERATION] = Field(  # type: ignore[valid-type]
-        "auto", description="auto (the fastest sampler this machine runs), transformers (generate, dynamic cache), "
-                            "transformers-static (static cache, compiled decoding), transformers-paged (continuous "
-                            "batching), vllm-colocate (planning/generation.py)")
-    vllm_gpu_memory_utilization: float | None = Field(
-        None, gt=0, lt=1, description="vllm-colocate: the GPU memory share vLLM takes (TRL's default 0.3)")
+    # Agents (TRL 1.15's GRPOTrainer `tools`, `environment_factory`; planning/tools.py checks them)
+    tools: list[str] = Field(default_factory=list, description="module:function, each a tool the model may call "
+                             "while it generates (typed arguments, a docstring with an Args: line for each)")
+    environment: str | None = Field(None, description="module:Class, one instance per rollout: reset(**row), "
+                                    "its public methods the model's tools, optionally get_reward()")
+    max_tool_calling_iterations: int | None = Field(None, ge=1, description="tool-calling turns per completion "
+                                                    "at most (TRL's name; default: until a turn calls no tool)")
+    generation: sampler.Mode = sampler.mode_field()  # the generation unit's fields (generation/sampler.py)
+    vllm_gpu_memory_utilization: float | None = sampler.memory_field()
     # TRL 1.15's GRPOConfig, its names and defaults
     loss_type: Literal[GRPO_LOSSES] = Field("dapo", description="how token losses are aggregated")  # type: ignore[valid-type]
     importance_sampling_level: Literal["token", "sequence"] = Field(
@@ -93,8 +54,14 @@ class GrpoCfg(_Strict):
 
     @model_validator(mode="after")
     def _combinations(self):
-        if self.vllm_gpu_memory_utilization is not None and self.generation != "vllm-colocate":
-            raise ValueError("vllm_gpu_memory_utilization belongs to generation: vllm-colocate")
+        why = sampler.fields_problem(self)
+        if why:
+            raise ValueError(why)
+        for entry in (*self.tools, self.environment or "m:C"):
+            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", entry):
+                raise ValueError(f"{entry!r}: expected module:name (a module.py beside the config, or installed)")
+        if self.max_tool_calling_iterations is not None and not (self.tools or self.environment):
+            raise ValueError("max_tool_calling_iterations belongs to tools or an environment")
         lt, level, hi = self.loss_type, self.importance_sampling_level, self.epsilon_high
         if lt == "cispo":
             if hi is None or hi <= 1:
@@ -118,6 +85,11 @@ def _reference(cfg) -> str:
 
 
 def _describe(s: dict) -> dict:
+    for k in ("tools", "environment", "max_tool_calling_iterations"):
+        if not s.get(k):
+            s.pop(k, None)
+    if s.get("tools"):
+        s["tools"] = "+".join(s["tools"])
     s["rewards"] = "+".join(r["function"] or r["model"] if r["weight"] == 1 else
                             f"{r['weight']}*{r['function'] or r['model']}" for r in s["rewards"])
     return s
@@ -125,10 +97,15 @@ def _describe(s: dict) -> dict:
 
 UNIT = Objective("grpo", "completions sampled per prompt and scored by rewards; the group's advantages",
                  section=GrpoCfg, data_format="prompt", reference=_reference, describe=_describe,
-                 metrics=("reward", "reward_std"), samples=True,
+                 # TRL 1.15's names; kl only with beta > 0, tools/* only with tools (turns, calls, failures: trainer.py)
+                 metrics=("reward", "reward_std", "kl", "entropy", "frac_reward_zero_std", "rewards/*", "tools/*",
+                          "completions/mean_length", "clip_ratio/*"),
+                 resolve=hooks.resolve, memory=hooks.memory, prepare=hooks.prepare,
                  # its loss reads each prompt with its completion (max_seq_length bounds the prompt alone)
                  extra_tokens=lambda cfg: cfg.grpo.max_completion_length,
                  # Measured (H100, llama-1b LoRA, docs/bench/2026-12-06-h100/grpo-unsloth-2/): Unsloth's own
                  # path 2.11 s a step at 3.4 GiB, hf's static sampler 2.23 s at 13.6 GiB (TRL's default on hf:
-                 # 9.19 s, ../grpo-speed/): Unsloth where it runs; vllm-colocate is TRL's own mode, on hf
-                 auto_backend=lambda cfg: "hf" if cfg.grpo.generation == "vllm-colocate" else None)
+                 # 9.19 s, ../grpo-speed/): Unsloth where it runs; vllm-colocate is TRL's own mode, on hf; so
+                 # are tools and environments (TRL's tool loop, tested on hf; not run under Unsloth's patched trainer)
+                 auto_backend=lambda cfg: "hf" if (cfg.grpo.generation == "vllm-colocate" or cfg.grpo.tools
+                                                   or cfg.grpo.environment) else None)

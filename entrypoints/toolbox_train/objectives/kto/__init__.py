@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from toolbox_train.objectives.unit import Objective, Section, policy_reference
+from toolbox_train.units.objective import Objective, Section, policy_reference
 
 
 class KtoCfg(Section):

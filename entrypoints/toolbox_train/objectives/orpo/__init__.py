@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from toolbox_train.objectives.unit import Objective, Section
+from toolbox_train.units.objective import Objective, Section
 
 
 class OrpoCfg(Section):

@@ -6,7 +6,7 @@ from toolbox_train.training import preference
 from toolbox_train.objectives.orpo.config import orpo_args
 
 
-def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=None, rewards=None):
+def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks):
     from trl.experimental.orpo import ORPOTrainer
 
     if "prompt" not in train_ds.column_names:

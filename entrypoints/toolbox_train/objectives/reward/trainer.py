@@ -7,7 +7,7 @@ from toolbox_train.objectives.reward.config import reward_args
 from toolbox_train.training import preference
 
 
-def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt=None, rewards=None):
+def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks):
     from trl import RewardTrainer
 
     return preference.trainer(p, RewardTrainer, reward_args(p, dist), model, tok, peft_cfg, train_ds, eval_ds,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolbox_train.objectives.unit import Objective
+from toolbox_train.units.objective import Objective
 
 UNIT = Objective("sft", "next-token loss on text, alpaca or chat rows (the format detected)", token_loss=True,
-                 needs_trl=False)
+                 needs_trl=False, default=True)

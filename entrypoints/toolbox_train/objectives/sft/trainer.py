@@ -32,8 +32,9 @@ class ToolboxSFTTrainer(core.Toolbox, DeferredStepMetrics, SFTTrainer):
         return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
 
-def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks, fmt: str = "text", rewards=None):
-    """SFT's trainer, ready to train (`fmt`: the data format, which the loss masking follows)."""
+def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks):
+    """SFT's trainer, ready to train (the run's data format, which the loss masking follows)."""
+    fmt = p.data_format or "text"
     args = sft_config.sft_args(p, dist, fmt)  # through the module: bench's calibration wraps it
     collator = None
     if fmt == VISION_FORMAT:  # image rows: our labels (training/vision.py), the processor in the tokenizer's place

@@ -1,0 +1,9 @@
+"""The sampler: a unit of its own that the objectives which generate while they train share.
+
+Its hooks, called from theirs: its section fields (declare), the sampler picked once (resolve:
+`extras`, recorded in the resolved run), what can run here (prepare), its KV cache (memory), and TRL's
+arguments and the compiled decoding (build).
+
+  sampler   its fields, `pick` (auto resolved), `refusal`, the KV cache the memory plan counts
+  trainer   TRL's generation arguments for the picked sampler, and the compiled static-cache decoding
+"""

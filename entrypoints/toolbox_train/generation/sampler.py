@@ -1,0 +1,173 @@
+"""How an objective that generates samples its completions (its section's `generation`): transformers'
+`generate` with its dynamic cache (TRL's default), the same with a static cache and compiled decoding
+(`transformers-static`: the config's cache_implementation "static", the compile TRL turns off turned back
+on by generation/trainer.py), transformers' continuous batching (`transformers-paged`: TRL's
+`use_transformers_continuous_batching`), or TRL's vLLM colocate mode (`use_vllm`, `vllm_mode:
+colocate`: a vLLM engine in the training process, its share of memory `vllm_gpu_memory_utilization`).
+`auto` picks the fastest this machine runs (`pick`), measured on an H100 (docs/preference.md); the
+pick is made once, when the run is resolved (`extras`), and every later step reads it there.
+
+vLLM's PyPI wheels are CUDA builds, each pinned to one torch (vLLM 0.31.0 and 0.32.0: torch==2.13.0,
+the cuda stack's; 0.33.0 and 0.34.0: torch==2.14.0); TRL 1.15 declares vLLM 0.21.0-0.31.0 supported
+(its `vllm` extra and `is_vllm_available`). `refusal` reads the installed vLLM's own metadata
+before the model loads, so a missing or mismatched vLLM is exit 2 and not a crash inside TRL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from importlib.metadata import PackageNotFoundError, requires, version
+from typing import Literal
+
+from pydantic import Field
+
+from toolbox_train.contract import UserError
+
+VLLM_FOR_TRL = "0.31.0"  # the newest vLLM TRL 1.15 declares supported; the `vllm` extra pins it
+MODES = ("auto", "transformers", "transformers-static", "transformers-paged", "vllm-colocate")
+Mode = Literal[MODES]  # type: ignore[valid-type]
+
+
+def mode_field():
+    """The section's `generation` field (each unit that generates declares it, in its own order)."""
+    return Field("auto", description="auto (the fastest sampler this machine runs), transformers (generate, dynamic "
+                                     "cache), transformers-static (static cache, compiled decoding), transformers-paged "
+                                     "(continuous batching), vllm-colocate (generation/sampler.py)")
+
+
+def memory_field():
+    """The section's `vllm_gpu_memory_utilization` field."""
+    return Field(None, gt=0, lt=1, description="vllm-colocate: the GPU memory share vLLM takes (TRL's default 0.3)")
+
+
+def fields_problem(section) -> str | None:
+    """What is wrong with the two fields together (the section's validator raises it), or None."""
+    if section.vllm_gpu_memory_utilization is not None and section.generation != "vllm-colocate":
+        return "vllm_gpu_memory_utilization belongs to generation: vllm-colocate"
+    return None
+
+
+def _torch_pin() -> str | None:
+    """The installed vLLM's own requirement on torch (`Requires-Dist: torch==...`), or None."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for line in requires("vllm") or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.name.lower() == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})):
+            return str(req.specifier)
+    return None
+
+
+def refusal(section, field: str, backend: str, gpu: bool) -> str | None:
+    """Why `<field>: vllm-colocate` cannot run here (one line naming the field), or None. `field`: where
+    the section's generation is written (`grpo.generation`). The installed packages first (what an image
+    fixes), then the machine."""
+    if section.generation != "vllm-colocate":
+        return None
+    field = f"{field}: vllm-colocate"
+    try:
+        have = version("vllm")
+    except PackageNotFoundError:
+        return (f"{field} needs vLLM, which is not installed (on the cuda stack: pip install "
+                f"'vllm=={VLLM_FOR_TRL}', the `vllm` extra; docs/preference.md); or use generation: transformers")
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    torch_have = version("torch")
+    pin = _torch_pin()
+    if pin and not SpecifierSet(pin).contains(Version(torch_have), prereleases=True):
+        return (f"{field}: vLLM {have} requires torch{pin}, the installed torch is {torch_have}; install the vLLM "
+                f"release built for this torch (vLLM 0.31.0 and 0.32.0 pin torch 2.13.0, the cuda stack's) "
+                f"or use generation: transformers")
+    if backend == "unsloth":
+        # Unsloth's patched trainers take the vLLM engine of a model loaded with fast_inference,
+        # which finetune does not load; TRL's own colocate mode runs on the hf backend
+        return f"{field} runs TRL's colocate mode on backend hf (backend: auto picks it); backend is unsloth"
+    if not gpu:
+        return f"{field} generates on a CUDA GPU and this run is on the CPU; use generation: transformers"
+    import torch
+
+    if torch.version.cuda is None:
+        return (f"{field}: vLLM's PyPI wheels are CUDA builds and this torch ({torch_have}) is not "
+                f"(ROCm: {torch.version.hip}); use generation: transformers")
+    try:
+        importlib.import_module("vllm")
+    except Exception as exc:  # a broken install: say so now, not after the model has loaded
+        from toolbox_train.contract import first_line
+
+        return f"{field}: vLLM {have} is installed but does not import: {first_line(exc)}"
+    return None
+
+
+def pick(section, backend: str, gpu: bool) -> tuple[str, str]:
+    """The sampler a run uses, and why: the section's `generation` as set, or what `auto` resolves to.
+    `gpu`: the run (or the machine planned for) trains on a GPU."""
+    g = section.generation
+    if g != "auto":
+        return g, "set in the config"
+    if backend == "unsloth":
+        # Unsloth's patched trainer generates with its own cache (it passes cache_implementation to generate
+        # itself): 2.11 s a step vs 2.05 with the static cache on top, one row each (H100, 2026-12-06,
+        # docs/bench/2026-12-06-h100/grpo-unsloth-2/): no compile to wait for, for no measured gain
+        return "transformers", ("auto: backend unsloth, its own generation (H100, 2026-12-06: 2.11 s a step, "
+                                "4.4x TRL's default path on hf)")
+    if not gpu:
+        # transformers compiles decoding only on an accelerator (generate's _valid_auto_compile_criteria):
+        # a static cache alone is the dynamic one's work in a preallocated buffer
+        return "transformers", "auto: on the CPU transformers compiles no decoding"
+    return "transformers-static", ("auto: static cache + compiled decoding (H100, 2026-12-06: 2.9x generate's "
+                                   "dynamic cache on llama-1b, 4.5x on qwen3-0.6b)")
+
+
+def resolve(section, field: str, backend: str, gpu: bool, modes: tuple[str, ...] = MODES) -> dict:
+    """The unit's resolve: the sampler picked once, and why (`extras` of the resolved run: `sampler`,
+    `sampler_why`). `modes`: the samplers the unit's TRL trainer has (a mode it lacks is refused)."""
+    if section.generation not in modes:
+        raise UserError(f"{field}: {section.generation} is not a sampler this objective's trainer has "
+                        f"({', '.join(modes)})")
+    sampler, why = pick(section, backend, gpu)
+    return {"sampler": sampler, "sampler_why": why}
+
+
+def prepare(section, field: str, backend: str, gpu: bool) -> None:
+    """The unit's prepare: the sampler can run here (vLLM installed and matching), else UserError."""
+    why = refusal(section, field, backend, gpu)
+    if why:
+        raise UserError(why)
+
+
+def check_groups(section, where: str, per_device: int, grad_accum: int, world_size: int) -> None:
+    """TRL's generation batch (per_device_batch_size x steps_per_generation, else x the accumulation, x
+    ranks) holds whole groups of the section's `num_generations`; UserError naming `<where>.num_generations`."""
+    spg = section.steps_per_generation
+    batch = per_device * (spg or grad_accum) * world_size
+    if batch % section.num_generations:
+        steps = f"{where}.steps_per_generation" if spg else "accumulation"
+        raise UserError(f"{where}.num_generations: {section.num_generations} completions per prompt must divide the "
+                        f"global batch of completions ({batch}: per_device_batch_size x {steps} x ranks)")
+
+
+def kv_cache_bytes(shape, sequences: int, tokens: int, dtype_bytes: int) -> float:
+    """The sampler's KV cache: `sequences` completions of `tokens` positions each (prompt + completion;
+    a static cache allocates the whole length up front), K and V in every layer."""
+    return float(sequences * tokens * shape.layers * shape.kv_heads * shape.head_dim * 2 * dtype_bytes)
+
+
+def memory(cfg, extras: dict, st, shape, world: int, completion_tokens: int, per_generation: int | None) -> tuple:
+    """The unit's memory: the KV cache of the completions each device generates at once (TRL's generation
+    batch: per_device_batch_size x `per_generation` (None: the accumulation), each prompt + completion
+    long), and the banner's note of the sampler."""
+    sampler = extras["sampler"]
+    said = f"sampler {sampler} ({extras['sampler_why']})"
+    if sampler == "vllm-colocate":  # vLLM's own share of memory, not a cache the planner sizes
+        return st, said
+    t = cfg.train
+    accum = t.batch_size // (world * st.batch) if t.batch_size else t.gradient_accumulation_steps
+    seqs = st.batch * (per_generation or max(1, accum))
+    kv = kv_cache_bytes(shape, seqs, cfg.data.max_seq_length + completion_tokens,
+                        4 if st.precision == "fp32" else 2)
+    return dataclasses.replace(st, sampler_kv=kv, sampler_kv_resident=sampler == "transformers-static"), said
