@@ -1,5 +1,5 @@
 # The two commands, each doing its own set-up first (a project venv in .venv, reused while current):
-#   make image   build the default stack's image (toolbox.paths.DEFAULT_STACK: gfx1151-rocm10.0);
+#   make image   build the default stack's image (toolbox.paths.DEFAULT_STACK: gfx1151-rocm10.1);
 #                STACK=cpu|cuda|gfx1151|... for others, ENGINE=podman|docker,
 #                LOCAL_BASE=1 where no registry answers (a Debian base made here with debootstrap)
 #   make test    the test suite, what CI runs (installs .ci/apt-packages.txt as root, else says how)

@@ -12,5 +12,6 @@ before any rank starts); preflight and the model-config check import transformer
   rewards      reward functions: resolved and tried on a few rows
   tools        tools and environment classes a model calls while it generates, and the chat template's
                tool format, checked before the model loads
-  generation   GRPO's generation mode (transformers or vLLM colocate): can it run, TRL's arguments
+  strix        gfx1151's defaults and refusals (data loader, attention, unified memory)
+(The sampler, which the sampling objectives share, is its own package: toolbox_train.generation.)
 """
