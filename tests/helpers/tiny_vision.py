@@ -216,3 +216,36 @@ def write_image_dataset(path: str | Path, n: int = 16, embed: bool = False, seed
     rows = image_rows(n, path.parent / "images", embed, seed)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def turn_rows(folder: Path, n: int = 3) -> list[dict[str, Any]]:
+    """`n` one-image rows (absolute image paths under `folder`) and one row of two turns with an image in each:
+    two assistant turns to find, images in two user turns."""
+    rows = image_rows(n, folder / "images")
+    for r in rows:
+        r["images"] = [str(folder / p) for p in r["images"]]
+    two = image_rows(2, folder / "images2", seed=1)
+    rows.append({"messages": rows[0]["messages"] + two[1]["messages"],
+                 "images": rows[0]["images"] + [str(folder / two[1]["images"][0])]})
+    return rows
+
+
+def labels_from_ids(tok, ids, attn, unlabelled, train_on: str = "responses"):
+    """Labels from the token ids alone (the tiny chat template's roles): every token after an <|assistant|> token
+    up to the next <|user|> token or the padding (responses), or every non-padding token (all); never a token
+    of `unlabelled`."""
+    import torch
+
+    ast, user = tok.convert_tokens_to_ids("<|assistant|>"), tok.convert_tokens_to_ids("<|user|>")
+    out = torch.full_like(ids, -100)
+    for i in range(ids.shape[0]):
+        inside = train_on == "all"
+        for j in range(int(attn[i].sum())):
+            t = int(ids[i, j])
+            if t == user:
+                inside = train_on == "all"
+            if inside and t not in unlabelled:
+                out[i, j] = t
+            if t == ast:
+                inside = True
+    return out

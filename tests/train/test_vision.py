@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from helpers.tiny import train_config
-from helpers.tiny_vision import image_rows, write_image_dataset
+from helpers.tiny_vision import labels_from_ids, turn_rows, write_image_dataset
 from toolbox_train.commands import finetune
 from toolbox_train.data.images import load_image
 from toolbox_train.models.vision import load_processor, part_of
@@ -22,42 +22,13 @@ FAMILIES = ["gemma3", "qwen2.5-vl", "qwen3-vl"]
 LABEL_FAMILIES = FAMILIES
 
 
-def _rows(tmp_path, n=3):
-    rows = image_rows(n, tmp_path / "images")
-    for r in rows:
-        r["images"] = [str(tmp_path / p) for p in r["images"]]
-    # A second turn with an image of its own: two assistant turns to find, images in two user turns.
-    two = image_rows(2, tmp_path / "images2", seed=1)
-    rows.append({"messages": rows[0]["messages"] + two[1]["messages"],
-                 "images": rows[0]["images"] + [str(tmp_path / two[1]["images"][0])]})
-    return rows
-
-
-def _expected(tok, ids, attn, image_ids, train_on="responses"):
-    """Labels from the token ids alone: every token after an <|assistant|> token up to the next <|user|>
-    token or the padding (responses), or every non-padding token (all); never an image token."""
-    ast, user = tok.convert_tokens_to_ids("<|assistant|>"), tok.convert_tokens_to_ids("<|user|>")
-    out = torch.full_like(ids, -100)
-    for i in range(ids.shape[0]):
-        inside = train_on == "all"
-        for j in range(int(attn[i].sum())):
-            t = int(ids[i, j])
-            if t == user:
-                inside = train_on == "all"
-            if inside and t not in image_ids:
-                out[i, j] = t
-            if t == ast:
-                inside = True
-    return out
-
-
 @pytest.mark.parametrize("family", LABEL_FAMILIES)
 @pytest.mark.parametrize("train_on", ["responses", "all"])
 def test_labels_masked_exactly(tmp_path, tiny_vlms, family, train_on):
     proc = load_processor(str(tiny_vlms(family)))
-    batch = VisionCollator(proc, 256, train_on)(_rows(tmp_path))
+    batch = VisionCollator(proc, 256, train_on)(turn_rows(tmp_path))
     image_ids = image_token_ids(proc)
-    want = _expected(proc.tokenizer, batch["input_ids"], batch["attention_mask"], image_ids, train_on)
+    want = labels_from_ids(proc.tokenizer, batch["input_ids"], batch["attention_mask"], image_ids, train_on)
     assert torch.equal(batch["labels"], want)
     labelled = batch["labels"] != -100
     assert labelled.sum() > 0
@@ -84,7 +55,7 @@ def test_first_step_loss_is_a_plain_hf_forward(tmp_path, tiny_vlms, family):
     texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in rows]
     imgs = [[load_image(str(data.parent / p)) for p in r["images"]] for r in rows]
     batch = proc(text=texts, images=imgs, padding=True, return_tensors="pt", add_special_tokens=False)
-    batch["labels"] = _expected(proc.tokenizer, batch["input_ids"], batch["attention_mask"], image_token_ids(proc))
+    batch["labels"] = labels_from_ids(proc.tokenizer, batch["input_ids"], batch["attention_mask"], image_token_ids(proc))
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     with torch.no_grad():
@@ -264,7 +235,7 @@ def test_image_and_text_sources_mix(tmp_path, tiny_vlms):
     assert [len(r["images"]) for r in rows] == [1, 0, 0]
     proc = load_processor(str(model_dir))
     batch = VisionCollator(proc, 256)(rows)
-    assert torch.equal(batch["labels"], _expected(proc.tokenizer, batch["input_ids"], batch["attention_mask"],
+    assert torch.equal(batch["labels"], labels_from_ids(proc.tokenizer, batch["input_ids"], batch["attention_mask"],
                                                   image_token_ids(proc)))
     assert batch["pixel_values"].shape[0] == 1
     assert finetune.run(cfg)["steps"] == 2

@@ -6,22 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.tiny_vision import image_rows
+from helpers.tiny_vision import turn_rows
 from toolbox_train.models.vision import load_processor
 from toolbox_train.training import vision
 from toolbox_train.training.vision import OncePerImage, VisionCollator
 
 FAMILIES = ["gemma3", "qwen2.5-vl", "qwen3-vl"]
-
-
-def _rows(tmp_path):
-    rows = image_rows(3, tmp_path / "images")
-    for r in rows:
-        r["images"] = [str(tmp_path / p) for p in r["images"]]
-    two = image_rows(2, tmp_path / "images2", seed=1)  # two turns, an image in each: two spans, two prefixes
-    rows.append({"messages": rows[0]["messages"] + two[1]["messages"],
-                 "images": rows[0]["images"] + [str(tmp_path / two[1]["images"][0])]})
-    return rows
 
 
 class _Plain:
@@ -45,7 +35,7 @@ def test_images_once_changes_nothing(tmp_path, tiny_vlms, monkeypatch, family, t
     real = type(proc.image_processor).__call__
     monkeypatch.setattr(type(proc.image_processor), "__call__",
                         lambda self, images, **kw: calls.append(1) or real(self, images, **kw))
-    rows = _rows(tmp_path)
+    rows = turn_rows(tmp_path)
     cached = VisionCollator(proc, 512, train_on)(rows)
     n_cached = len(calls)
     monkeypatch.setattr(vision, "_ImagesOnce", _Plain)
@@ -62,7 +52,7 @@ def test_images_once_changes_nothing(tmp_path, tiny_vlms, monkeypatch, family, t
 @pytest.mark.parametrize("family", FAMILIES)
 def test_padding_to_a_multiple_is_ignored_padding(tmp_path, tiny_vlms, family):
     proc = load_processor(str(tiny_vlms(family)))
-    rows = _rows(tmp_path)
+    rows = turn_rows(tmp_path)
     exact = VisionCollator(proc, 512)(rows)
     padded = VisionCollator(proc, 512, pad_multiple=64)(rows)
     n, m = exact["input_ids"].shape[1], padded["input_ids"].shape[1]

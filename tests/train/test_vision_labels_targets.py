@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 
 from helpers.tiny import train_config
-from helpers.tiny_vision import image_rows, write_image_dataset
+from helpers.tiny_vision import labels_from_ids, turn_rows, write_image_dataset
 from toolbox_train.commands import finetune
 from toolbox_train.data.images import load_image
 from toolbox_train.models.vision import load_processor
@@ -52,24 +52,6 @@ def _marker_ids(tok, family) -> list[int]:
     return ids
 
 
-def _labels(tok, ids, attn, markers, train_on):
-    """Every non-padding token (all), or every token after an <|assistant|> token up to the next <|user|> token
-    (responses, the tiny chat template's roles); never a marker."""
-    ast, user = tok.convert_tokens_to_ids("<|assistant|>"), tok.convert_tokens_to_ids("<|user|>")
-    out = torch.full_like(ids, -100)
-    for i in range(ids.shape[0]):
-        inside = train_on == "all"
-        for j in range(int(attn[i].sum())):
-            t = int(ids[i, j])
-            if t == user:
-                inside = train_on == "all"
-            if inside and t not in markers:
-                out[i, j] = t
-            if t == ast:
-                inside = True
-    return out
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_markers_written_here_are_the_models(tiny_vlms, family):
     """The ids written here agree with the config's fields; image_token_ids finds exactly them, on the run's
@@ -86,26 +68,16 @@ def test_the_markers_written_here_are_the_models(tiny_vlms, family):
     assert image_token_ids(AutoProcessor.from_pretrained(model_dir)) == set(ids)
 
 
-def _rows(tmp_path):
-    rows = image_rows(3, tmp_path / "images")
-    for r in rows:
-        r["images"] = [str(tmp_path / p) for p in r["images"]]
-    two = image_rows(2, tmp_path / "images2", seed=1)  # two turns, an image in each user turn
-    rows.append({"messages": rows[0]["messages"] + two[1]["messages"],
-                 "images": rows[0]["images"] + [str(tmp_path / two[1]["images"][0])]})
-    return rows
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("train_on", ["all", "responses"])
 def test_no_image_marker_carries_a_label(tmp_path, tiny_vlms, family, train_on):
     proc = load_processor(str(tiny_vlms(family)))
-    batch = VisionCollator(proc, 256, train_on)(_rows(tmp_path))
+    batch = VisionCollator(proc, 256, train_on)(turn_rows(tmp_path))
     ids, attn = batch["input_ids"], batch["attention_mask"]
     markers = _marker_ids(proc.tokenizer, family)
     for m in markers[:3]:  # each image's start, tokens and end are in the batch (no video here)
         assert (ids == m).sum() >= 5, proc.tokenizer.convert_ids_to_tokens(m)
-    want = _labels(proc.tokenizer, ids, attn, markers, train_on)
+    want = labels_from_ids(proc.tokenizer, ids, attn, markers, train_on)
     assert (want != -100).sum() > 0
     assert torch.equal(batch["labels"], want), [proc.tokenizer.convert_ids_to_tokens(int(t)) for t in
                                                 ids[(batch["labels"] != want)]]
@@ -136,7 +108,7 @@ def test_first_step_loss_is_the_reference(tmp_path, tiny_vlms, family, train_on)
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     losses = {}
     for name, unlabelled in (("reference", markers), ("markers labelled", markers[1:2] + markers[3:])):
-        batch["labels"] = _labels(proc.tokenizer, batch["input_ids"], batch["attention_mask"], unlabelled, train_on)
+        batch["labels"] = labels_from_ids(proc.tokenizer, batch["input_ids"], batch["attention_mask"], unlabelled, train_on)
         with torch.no_grad():
             losses[name] = model(**batch).loss.item()
     print(f"{family} train_on {train_on}: step-1 loss {logged:.6f}, {losses}")
