@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -129,11 +128,7 @@ def main(argv: list[str]) -> int:
         for variant in opt.get("--variants", ",".join(VARIANTS)).split(","):
             log = out / f"profile-{shape}-{variant}.log"
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-")}
-            with open(log, "w") as f:
-                r = subprocess.run([sys.executable, __file__, str(out), "--one", shape, variant],
-                                   stdout=subprocess.PIPE, stderr=f, text=True, env=env)
-            row = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else \
-                {"shape": shape, "variant": variant, "error": f"exit {r.returncode}, see {log.name}"}
+            row = vr.in_process(__file__, out, shape, "variant", variant, log, env)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "steps"}), flush=True)
             (out / "vision-profile.json").write_text(json.dumps(rows, indent=1) + "\n")

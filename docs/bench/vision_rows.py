@@ -386,6 +386,17 @@ def one(out: Path, shape: str, path: str) -> dict:
             "timed_steps": TIMED, "wall_s": round(time.time() - t0, 1), **row}
 
 
+def in_process(script: str, out: Path, shape: str, key: str, name: str, log: Path, env: dict) -> dict:
+    """`script OUT --one SHAPE NAME` in its own process (stderr to `log`): its row, the last line it prints, or
+    an error row naming the log."""
+    with open(log, "w") as f:
+        r = subprocess.run([sys.executable, script, str(out), "--one", shape, name], stdout=subprocess.PIPE,
+                           stderr=f, text=True, env=env)
+    if r.returncode == 0 and r.stdout.strip():
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    return {"shape": shape, key: name, "error": f"exit {r.returncode}, see {log.name}"}
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -399,15 +410,11 @@ def main(argv: list[str]) -> int:
     if done.is_file():
         rows = json.loads(done.read_text())
     for shape in opt.get("--shapes", "gemma3-4b-4l,qwen2.5-vl-7b-4l,qwen3-vl-8b-4l").split(","):
-        for path in opt.get("--paths", "finetune,bare,trl,unsloth-recipe").split(" "):
+        for path in opt.get("--paths", "finetune bare trl unsloth-recipe").split(" "):
             log = out / f"{shape}-{path.replace(':', '-').replace(',', '-').replace('=', '')}.log"
             # an empty CUDA kernel cache each: no row runs on kernels an earlier row compiled
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_CACHE_PATH": tempfile.mkdtemp(prefix="cuda-cache-")}
-            with open(log, "w") as f:
-                r = subprocess.run([sys.executable, __file__, str(out), "--one", shape, path], stdout=subprocess.PIPE,
-                                   stderr=f, text=True, env=env)
-            row = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else \
-                {"shape": shape, "path": path, "error": f"exit {r.returncode}, see {log.name}"}
+            row = in_process(__file__, out, shape, "path", path, log, env)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("losses",)}), flush=True)
             done.write_text(json.dumps(rows, indent=1) + "\n")
