@@ -26,6 +26,8 @@ ALLOWED = {
     ("entrypoints/toolbox_train/disk.py", "atomic_write", "os.fdopen"): "the atomic write itself",
     ("entrypoints/toolbox_train/disk.py", "_write_stream", "os.fdopen"): "the atomic write's own device/FIFO path",
     ("entrypoints/toolbox_train/bench/report.py", "render_chart", "savefig"): "into memory, then atomic_write",
+    ("entrypoints/toolbox_train/sandbox/jail.py", "_run", "open"): "an anonymous memfd (the sandbox's job on its "
+                                                                  "stdin), no file on disk",
     ("entrypoints/toolbox_train/commands/finetune_report.py", "loss_plot", "savefig"): "into memory, then atomic_write",
     ("toolbox/rccl/patches.py", "verify", "shutil.move"): "a git worktree kept on request (--keep), moved whole",
     ("toolbox/rendering.py", "_copy", "shutil.copy2"): _WHOLE + " (the build context)",
