@@ -161,6 +161,12 @@ class TestUser:
             subprocess.run(["usermod", "--add-subuids", "300000-365535", "--add-subgids", "300000-365535", name],
                            check=True, capture_output=True)
         user = cls(name, created)
+        if not created:
+            # a user left by a run cut short: its processes (pause process, conmon, containers)
+            # and runtime dir are stale, and its storage may still list containers as running;
+            # rootless podman then fails with "invalid internal status" until migrated
+            user._kill_processes()
+            shutil.rmtree(user.runtime_dir, ignore_errors=True)
         if not user.home.is_dir() or user.home.stat().st_uid != user.uid:
             # a user left by a run cut short, its home gone: rootless podman needs a home of its own
             user.home.mkdir(parents=True, exist_ok=True)
@@ -182,6 +188,9 @@ class TestUser:
         for f in conf.iterdir():
             os.chown(f, user.uid, user.gid)
         user._find_python()
+        if not created:
+            user.run(["podman", "system", "migrate"], timeout=300)
+            user.run(["podman", "rm", "--all", "--force"], timeout=300)
         return user
 
     def _find_python(self) -> None:
@@ -286,16 +295,7 @@ class TestUser:
         self.run(["podman", "rm", "--all", "--force"], timeout=300)
         # what is left of the user's processes (podman's pause process, conmon): ours, by pid;
         # then userdel removes the home with the user's image storage in it
-        for _ in range(50):  # userdel refuses a user with processes: SIGKILL, then wait until gone
-            ps = subprocess.run(["ps", "-o", "pid=", "-u", str(self.uid)], capture_output=True, text=True)
-            if not ps.stdout.split():
-                break
-            for pid in ps.stdout.split():
-                try:
-                    os.kill(int(pid), 9)
-                except (ProcessLookupError, ValueError):
-                    pass
-            time.sleep(0.2)
+        self._kill_processes()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
         if self.created:
             if subprocess.run(["userdel", self.name], capture_output=True).returncode != 0:
@@ -305,3 +305,17 @@ class TestUser:
             self.home.rename(gone)
             subprocess.Popen(["rm", "-rf", str(gone)], start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _kill_processes(self) -> None:
+        """SIGKILL the user's processes until none is left (userdel refuses a user with
+        processes; a stale pause process confuses rootless podman)."""
+        for _ in range(50):
+            ps = subprocess.run(["ps", "-o", "pid=", "-u", str(self.uid)], capture_output=True, text=True)
+            if not ps.stdout.split():
+                break
+            for pid in ps.stdout.split():
+                try:
+                    os.kill(int(pid), 9)
+                except (ProcessLookupError, ValueError):
+                    pass
+            time.sleep(0.2)
