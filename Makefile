@@ -10,6 +10,8 @@ STACK ?=
 ENGINE ?=
 LOCAL_BASE ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers (`auto`: one per core; 0 runs the suite in one process)
+TEST_WORKERS ?= auto
 BUILD_ARGS ?=
 export PYTHON VENV ENGINE
 
@@ -42,7 +44,7 @@ test-fast:
 
 # pytest's exit 5 = it collected no tests: a failure here, said so (make itself exits 2).
 pytest:
-	@bash .ci/phase pytest $(PY) -m pytest -q --durations=30 $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+	@bash .ci/phase pytest $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
 venv:
 	@bash .ci/setup venv

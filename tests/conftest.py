@@ -31,10 +31,23 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "image: builds or runs a container image (make test-fast leaves it out)")
 
 
+# Folders whose tests share machine-wide state beyond the image fixtures: network namespaces and
+# port 29500 inside them (cluster), Ray's head ports (ray), the rootless test user (engines).
+SHARED_STATE_DIRS = {"cluster", "ray", "engines"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its loadgroup hook)
 def pytest_collection_modifyitems(items):
     for item in items:
+        shared = False
         if IMAGE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.image)
+            shared = True
+        rel = Path(str(item.fspath)).relative_to(TESTS).parts
+        if shared or (len(rel) > 1 and rel[0] in SHARED_STATE_DIRS):
+            # `make test` runs pytest-xdist workers (--dist loadgroup): these tests all go to one worker,
+            # in turn, so the session's images, engines and test user are made once and never raced
+            item.add_marker(pytest.mark.xdist_group("machine"))
 
 
 # Nothing in the suite may reach a hub; fail fast instead of hanging on the closed network.
