@@ -11,6 +11,12 @@ vLLM's PyPI wheels are CUDA builds, each pinned to one torch (vLLM 0.31.0 and 0.
 the cuda stack's; 0.33.0 and 0.34.0: torch==2.14.0); TRL 1.15 declares vLLM 0.21.0-0.31.0 supported
 (its `vllm` extra and `is_vllm_available`). `refusal` reads the installed vLLM's own metadata
 before the model loads, so a missing or mismatched vLLM is exit 2 and not a crash inside TRL.
+
+With LoRA the transformers samplers generate on merged weights (`merge_lora`, `merge`): each adapted
+linear layer's W + scale * B @ A in a buffer of its own, made again after each optimizer step, swapped in
+for the generation with that layer's adapter off (generation/trainer.py). The base weights are never
+written, so the update is exactly the unmerged run's; the buffers stay for the whole run (the memory plan
+counts them: `memory`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from toolbox_train.contract import UserError
 VLLM_FOR_TRL = "0.31.0"  # the newest vLLM TRL 1.15 declares supported; the `vllm` extra pins it
 MODES = ("auto", "transformers", "transformers-static", "transformers-paged", "vllm-colocate")
 Mode = Literal[MODES]  # type: ignore[valid-type]
+Merge = bool | Literal["auto"]
 
 
 def mode_field():
@@ -39,6 +46,12 @@ def mode_field():
 def memory_field():
     """The section's `vllm_gpu_memory_utilization` field."""
     return Field(None, gt=0, lt=1, description="vllm-colocate: the GPU memory share vLLM takes (TRL's default 0.3)")
+
+
+def merge_field():
+    """The section's `merge_lora` field."""
+    return Field("auto", description="LoRA: generate on the adapters merged into a copy of the adapted weights "
+                                     "(auto: wherever it can; generation/sampler.py merge)")
 
 
 def fields_problem(section) -> str | None:
@@ -123,14 +136,34 @@ def pick(section, backend: str, gpu: bool) -> tuple[str, str]:
                                    "dynamic cache on llama-1b, 4.5x on qwen3-0.6b)")
 
 
-def resolve(section, field: str, backend: str, gpu: bool, modes: tuple[str, ...] = MODES) -> dict:
-    """The unit's resolve: the sampler picked once, and why (`extras` of the resolved run: `sampler`,
-    `sampler_why`). `modes`: the samplers the unit's TRL trainer has (a mode it lacks is refused)."""
+def merge(section, where: str, sampler: str, ctx) -> tuple[bool, str]:
+    """Whether the sampler generates on merged LoRA weights, and why (`where`: the section's name). Only
+    LoRA over 16/32-bit weights (a quantized base has no weight to add B @ A to), TRL's transformers
+    samplers on backend hf (vLLM syncs merged weights itself; Unsloth generates with its own kernels),
+    unsharded parameters (under FSDP no rank holds a whole weight)."""
+    want = section.merge_lora
+    if want is False:
+        return False, "set in the config"
+    why_not = ("method is not lora" if ctx.cfg.method != "lora" else "backend unsloth generates itself"
+               if ctx.backend == "unsloth" else "vLLM syncs merged weights itself" if sampler == "vllm-colocate"
+               else "FSDP shards the weights" if ctx.fsdp else None)
+    if why_not and want is True:
+        raise UserError(f"{where}.merge_lora: true cannot run here: {why_not}")
+    if why_not:
+        return False, f"auto: {why_not}"
+    return True, "set in the config" if want is True else "auto: LoRA, unsharded, a transformers sampler"
+
+
+def resolve(section, field: str, ctx, modes: tuple[str, ...] = MODES) -> dict:
+    """The unit's resolve: the sampler picked once, and why, and whether it generates on merged LoRA
+    weights (`extras` of the resolved run: `sampler`, `sampler_why`, `sampler_merged`). `modes`: the
+    samplers the unit's TRL trainer has (a mode it lacks is refused)."""
     if section.generation not in modes:
         raise UserError(f"{field}: {section.generation} is not a sampler this objective's trainer has "
                         f"({', '.join(modes)})")
-    sampler, why = pick(section, backend, gpu)
-    return {"sampler": sampler, "sampler_why": why}
+    sampler, why = pick(section, ctx.backend, ctx.gpu)
+    merged, merged_why = merge(section, field.rpartition('.')[0], sampler, ctx)
+    return {"sampler": sampler, "sampler_why": why, "sampler_merged": merged, "sampler_merged_why": merged_why}
 
 
 def prepare(section, field: str, backend: str, gpu: bool) -> None:
@@ -165,6 +198,10 @@ def memory(cfg, extras: dict, st, shape, world: int, completion_tokens: int, per
     said = f"sampler {sampler} ({extras['sampler_why']})"
     if sampler == "vllm-colocate":  # vLLM's own share of memory, not a cache the planner sizes
         return st, said
+    if extras.get("sampler_merged"):  # the merged copies of the adapted weights, kept for the whole run
+        merged = shape.targeted_params(st.lora_targets, dense_only=True) * (4 if st.precision == "fp32" else 2)
+        st = dataclasses.replace(st, sampler_merged=float(merged))
+        said += f", LoRA merged for generation ({merged / 2**30:.2f} GiB of merged weights)"
     t = cfg.train
     accum = t.batch_size // (world * st.batch) if t.batch_size else t.gradient_accumulation_steps
     seqs = st.batch * (per_generation or max(1, accum))

@@ -32,3 +32,81 @@ class CompiledSampler:
         super().__init__(*args, **kw)
         if self.args.cache_implementation == "static" and not self.use_vllm:
             self.generation_config.disable_compile = False
+
+
+class MergedLora:
+    """`sampler_merged` (generation/sampler.py merge): generation runs on W + scale * B @ A. Each of PEFT's
+    LoRA linear layers over a plain 16/32-bit nn.Linear gets a buffer, filled once per optimizer step
+    (`state.global_step`; a tool loop's turns and steps_per_generation's later steps reuse it), swapped in
+    as the base layer's weight with that layer's adapter off while TRL generates, and swapped back after.
+    The base weight is never written: PEFT's own merge_adapter/unmerge_adapter subtract the delta again,
+    which in bf16 does not give the weight back, and the error would build up step after step. Other
+    adapted modules (fused experts, DoRA) keep running their adapters as before. The buffers are the same
+    tensors every generation, so a compiled decoding keeps its guards."""
+
+    def _generate_single_turn(self, *args, **kw):
+        from contextlib import ExitStack
+
+        with ExitStack() as stack:
+            if not self.use_vllm:
+                stack.enter_context(merged_lora(self))
+            return super()._generate_single_turn(*args, **kw)
+
+
+def mergeable_layers(model) -> list:
+    """PEFT's LoRA linear layers of `model` that generation can run merged (one adapter, no DoRA, a plain
+    nn.Linear base with a floating-point weight)."""
+    import torch
+    from peft.tuners.lora import Linear as LoraLinear
+
+    out = []
+    for m in model.modules():
+        if not isinstance(m, LoraLinear) or len(m.active_adapters) != 1:
+            continue
+        base, name = m.get_base_layer(), m.active_adapters[0]
+        if (type(base) is torch.nn.Linear and base.weight.dtype.is_floating_point and not m.use_dora.get(name)
+                and name in m.lora_A):
+            out.append(m)
+    return out
+
+
+class merged_lora:
+    """The context in which `trainer`'s model generates on merged weights (MergedLora)."""
+
+    def __init__(self, trainer):
+        self.t = trainer
+
+    def __enter__(self):
+        import torch
+
+        t = self.t
+        if getattr(t, "_merged", None) is None:
+            layers = mergeable_layers(t.accelerator.unwrap_model(t.model))
+            # Parameters (not plain tensors): the base layer's `weight` must stay a Parameter for nn.Linear
+            t._merged = [(m, torch.nn.Parameter(torch.empty_like(m.get_base_layer().weight), requires_grad=False))
+                         for m in layers]
+            t._merged_step = None
+        if t._merged_step != t.state.global_step:
+            with torch.no_grad():
+                for m, buf in t._merged:
+                    w = m.get_base_layer().weight
+                    torch.add(w, m.get_delta_weight(m.active_adapters[0]).to(w.dtype), out=buf.data)
+            t._merged_step = t.state.global_step
+        self.kept = []
+        for m, buf in t._merged:
+            base = m.get_base_layer()
+            self.kept.append(base._parameters["weight"])
+            base._parameters["weight"] = buf
+            m.enable_adapters(False)
+        return self
+
+    def __exit__(self, *exc):
+        for (m, _), w in zip(self.t._merged, self.kept):
+            m.get_base_layer()._parameters["weight"] = w
+            m.enable_adapters(True)
+        return False
+
+
+def mixins(extras) -> tuple:
+    """The sampler's trainer mixins for a run's extras: the compiled static decoding, the merged LoRA."""
+    return (CompiledSampler, *((MergedLora,) if extras.get("sampler_merged") else ()))

@@ -158,11 +158,18 @@ class Shape:
     def lora_params(self, r: int, targets: tuple[str, ...] | str = "all-linear") -> int:
         """Adapter parameters: r x (in + out) per matrix; a fused expert parameter (FUSED_EXPERTS) gets one
         r-rank pair per expert (PEFT's ParamWrapper: lora_A [r * experts, in], lora_B [out, r * experts])."""
+        return self.layers * sum(r * (a + b) * c for a, b, c in self._adapted(targets))
+
+    def targeted_params(self, targets: tuple[str, ...] | str = "all-linear", dense_only: bool = False) -> int:
+        """The base weights the adapters sit on (`dense_only`: the linear layers, not fused experts)."""
+        return self.layers * sum(a * b * c for a, b, c in self._adapted(targets, dense_only))
+
+    def _adapted(self, targets, dense_only: bool = False) -> list[tuple[int, int, int]]:
         names = LORA_ALL_LINEAR if targets == "all-linear" else tuple(targets)
-        experts = {p.rpartition(".")[2] for p in expert_targets(self.model_type, targets)} if self.experts else set()
-        chosen = [n for n in self.linear_shapes() if n in names
-                  or (n.startswith("experts_") and n.replace("experts_", "", 1) + "_proj" in experts)]
-        return self.layers * sum(r * (a + b) * c for n, (a, b, c) in self.linear_shapes().items() if n in chosen)
+        experts = {p.rpartition(".")[2] for p in expert_targets(self.model_type, targets)} \
+            if self.experts and not dense_only else set()
+        return [v for n, v in self.linear_shapes().items() if n in names
+                or (n.startswith("experts_") and n.replace("experts_", "", 1) + "_proj" in experts)]
 
 
 def vision_params(v: Mapping[str, Any], text_hidden: int, model_type: str | None = None) -> int:
@@ -191,6 +198,7 @@ class Setting:
     lora_params: int | None = None  # the adapter's size as PEFT built it; None: Shape.lora_params's count
     sampler_kv: float = 0.0  # bytes of the sampler's KV cache (generation/sampler.py kv_cache_bytes)
     sampler_kv_resident: bool = False  # a static cache under compiled decoding: counted through the whole step
+    sampler_merged: float = 0.0  # bytes of the merged LoRA weights the sampler keeps (generation/trainer.py)
     teacher_bytes: float = 0.0  # a frozen teacher model's weights beside the trained one (held through the step)
     vision_train: tuple[str, ...] = ()  # a vision-language model's vision.train (language, vision, projector)
     patches_per_row: int = 0  # patches a row's images give the tower (where it trains): one image a row, planned
@@ -368,7 +376,10 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     parts["grads"] = grads
     parts["step_temp"] = temp
     parts["overhead"] = CAL["overhead_gib"] * GiB
+    if st.sampler_merged:
+        parts["sampler_merged_weights"] = st.sampler_merged
     peak = (parts["weights"] + parts.get("reference_model", 0) + parts.get("teacher_model", 0) + states
+            + st.sampler_merged
             + parts.get("gathered_layers", 0) + phases[where] + parts["overhead"])
     if st.unified_memory:
         peak += host

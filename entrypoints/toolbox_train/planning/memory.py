@@ -269,7 +269,7 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
         per_dev = t.batch_size // world_size if t.batch_size else None
         b, _, batch_reason = decide_batch(shape, dataclasses.replace(st, batch=1), device_bytes, per_dev)
         st = dataclasses.replace(st, batch=b)
-    ctx, note = Context(cfg, Path("."), backend, gpu, world_size), ""
+    ctx, note = Context(cfg, Path("."), backend, gpu, world_size, fsdp), ""
     if unit.memory:  # a sampler's KV cache, a teacher's weights (its extras: the run's, else asked here)
         st, note = unit.memory(ctx, unit.resolve(ctx) if extras is None else extras, st, shape)
     dec = decide_checkpointing(shape, st, device_bytes)

@@ -184,7 +184,7 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
     backend = pick_backend(cfg, gpu, fsdp, machine)
     if on_backend is not None:
         on_backend(backend)  # before transformers is imported (check_trainer_names, the model's config)
-    extras = MappingProxyType(dict(unit.resolve(Context(cfg, base, backend, gpu, world)) if unit.resolve else {}))
+    extras = MappingProxyType(dict(unit.resolve(Context(cfg, base, backend, gpu, world, fsdp)) if unit.resolve else {}))
     check_method(cfg, gpu, fsdp, machine)
     check_trainer_names(cfg)
     model_path, mc = resolve_model_config(cfg, base)

@@ -45,6 +45,7 @@ class Context:
     backend: str
     gpu: bool
     world_size: int = 1
+    fsdp: bool = False  # the ranks shard the parameters (accelerate's FSDP)
 
 
 def no_reference(cfg) -> str:

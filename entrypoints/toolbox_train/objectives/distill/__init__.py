@@ -22,6 +22,7 @@ class DistillCfg(Section):
     max_completion_length: int = Field(128, gt=0, description="tokens the student generates per prompt")
     generation: sampler.Mode = sampler.mode_field()  # the generation unit's fields (generation/sampler.py)
     vllm_gpu_memory_utilization: float | None = sampler.memory_field()
+    merge_lora: sampler.Merge = sampler.merge_field()
 
     @model_validator(mode="after")
     def _fields(self):

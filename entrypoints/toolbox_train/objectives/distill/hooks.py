@@ -32,7 +32,7 @@ def resolve(ctx) -> dict:
     if not folder.is_dir():
         raise UserError(f"{TEACHER}: {folder}: no such folder (a model folder: config.json, weights, tokenizer)")
     teacher_config(folder)
-    return {"teacher": str(folder), **sampler.resolve(d, GENERATION, ctx.backend, ctx.gpu, MODES)}
+    return {"teacher": str(folder), **sampler.resolve(d, GENERATION, ctx, MODES)}
 
 
 def memory(ctx, extras: dict, st, shape) -> tuple:

@@ -5,7 +5,7 @@ the same generalized JSD on materialized logits (fine for CPU runs, which are sm
 
 from __future__ import annotations
 
-from toolbox_train.generation.trainer import CompiledSampler
+from toolbox_train.generation.trainer import mixins as sampler_mixins
 from toolbox_train.objectives.distill.config import distill_args
 from toolbox_train.training import preference
 
@@ -66,4 +66,4 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks):
 
     tok.padding_side = "left"  # TRL's generation batch is left-padded
     return preference.trainer(p, DistillationTrainer, distill_args(p, dist), model, tok, peft_cfg, train_ds, eval_ds,
-                              callbacks, mixins=(TorchDivergence, CompiledSampler), teacher_model=p.extras["teacher"])
+                              callbacks, mixins=(TorchDivergence, *sampler_mixins(p.extras)), teacher_model=p.extras["teacher"])

@@ -38,6 +38,7 @@ class GrpoCfg(_Strict):
                                                     "at most (TRL's name; default: until a turn calls no tool)")
     generation: sampler.Mode = sampler.mode_field()  # the generation unit's fields (generation/sampler.py)
     vllm_gpu_memory_utilization: float | None = sampler.memory_field()
+    merge_lora: sampler.Merge = sampler.merge_field()
     # TRL 1.15's GRPOConfig, its names and defaults
     loss_type: Literal[GRPO_LOSSES] = Field("dapo", description="how token losses are aggregated")  # type: ignore[valid-type]
     importance_sampling_level: Literal["token", "sequence"] = Field(

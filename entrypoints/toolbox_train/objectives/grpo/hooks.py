@@ -12,7 +12,7 @@ GENERATION, REWARDS, SECTION = "grpo.generation", "grpo.rewards", "grpo"
 
 
 def resolve(ctx) -> dict:
-    return sampler.resolve(ctx.cfg.grpo, GENERATION, ctx.backend, ctx.gpu)
+    return sampler.resolve(ctx.cfg.grpo, GENERATION, ctx)
 
 
 def memory(ctx, extras: dict, st, shape) -> tuple:

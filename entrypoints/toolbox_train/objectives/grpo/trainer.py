@@ -7,7 +7,7 @@ also logs the tool calls made and failed and the turns per completion (ToolTurns
 
 from __future__ import annotations
 
-from toolbox_train.generation.trainer import CompiledSampler
+from toolbox_train.generation.trainer import mixins as sampler_mixins
 from toolbox_train.objectives.grpo.config import grpo_args
 from toolbox_train.training import preference
 from toolbox_train.training.rewards import FiniteRewards, for_trl
@@ -43,5 +43,5 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks):
     funcs, weights, tools, env = p.inputs or (None, None, None, None)
     agent = {"tools": tools or None, "environment_factory": env} if tools or env else {}
     return preference.trainer(p, GRPOTrainer, grpo_args(p, dist, weights), model, tok, peft_cfg, train_ds, eval_ds,
-                              callbacks, mixins=(FiniteRewards, CompiledSampler, *((ToolTurns,) if agent else ())),
+                              callbacks, mixins=(FiniteRewards, *sampler_mixins(p.extras), *((ToolTurns,) if agent else ())),
                               reward_funcs=for_trl(funcs), **agent)

@@ -24,6 +24,7 @@ class RlooCfg(Section):
     rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")
     generation: sampler.Mode = sampler.mode_field()  # the generation unit's fields (generation/sampler.py)
     vllm_gpu_memory_utilization: float | None = sampler.memory_field()
+    merge_lora: sampler.Merge = sampler.merge_field()
     # TRL 1.15's RLOOConfig, its names and defaults
     epsilon: float = Field(0.2, gt=0, lt=1, description="lower clipping bound of the sequence ratio: 1 - epsilon")
     epsilon_high: float | None = Field(None, gt=0, description="upper bound 1 + epsilon_high (default: epsilon)")

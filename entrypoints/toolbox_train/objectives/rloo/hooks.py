@@ -11,7 +11,7 @@ SECTION = "rloo"
 
 
 def resolve(ctx) -> dict:
-    return sampler.resolve(ctx.cfg.rloo, f"{SECTION}.generation", ctx.backend, ctx.gpu)
+    return sampler.resolve(ctx.cfg.rloo, f"{SECTION}.generation", ctx)
 
 
 def memory(ctx, extras: dict, st, shape) -> tuple:

@@ -4,7 +4,7 @@ compiled (generation/trainer.py)."""
 
 from __future__ import annotations
 
-from toolbox_train.generation.trainer import CompiledSampler
+from toolbox_train.generation.trainer import mixins as sampler_mixins
 from toolbox_train.objectives.rloo.config import rloo_args
 from toolbox_train.training import preference
 from toolbox_train.training.rewards import FiniteRewards, for_trl
@@ -16,4 +16,4 @@ def build(p, dist, model, tok, peft_cfg, train_ds, eval_ds, callbacks):
 
     funcs, weights = p.inputs or (None, None)
     return preference.trainer(p, RLOOTrainer, rloo_args(p, dist, weights), model, tok, peft_cfg, train_ds, eval_ds,
-                              callbacks, mixins=(FiniteRewards, CompiledSampler), reward_funcs=for_trl(funcs))
+                              callbacks, mixins=(FiniteRewards, *sampler_mixins(p.extras)), reward_funcs=for_trl(funcs))
