@@ -10,8 +10,9 @@ STACK ?=
 ENGINE ?=
 LOCAL_BASE ?=
 PYTEST_ARGS ?=
-# pytest-xdist workers (`auto`: one per core; 0 runs the suite in one process)
-TEST_WORKERS ?= auto
+# pytest-xdist workers: one more than the cores (the cluster, Ray and engine tests wait on processes,
+# sshd and containers much of the time); 0 runs the suite in one process
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 BUILD_ARGS ?=
 export PYTHON VENV ENGINE
 

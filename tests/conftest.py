@@ -31,23 +31,24 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "image: builds or runs a container image (make test-fast leaves it out)")
 
 
-# Folders whose tests share machine-wide state beyond the image fixtures: network namespaces and
-# port 29500 inside them (cluster), Ray's head ports (ray), the rootless test user (engines).
-SHARED_STATE_DIRS = {"cluster", "ray", "engines"}
+# Tests that share machine-wide state go to one pytest-xdist worker each group (`make test`: --dist
+# loadgroup), in turn: the session's images, dockerd and rootless test user are made once and never raced
+# ("engines": every test on an image fixture, and tests/engines); tests/cluster and tests/ray (network
+# namespaces, sshd, Ray heads, many processes) are a group each, so they run beside each other, not
+# beside themselves.
+GROUPS = {"cluster": "cluster", "ray": "ray", "engines": "engines"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its loadgroup hook)
 def pytest_collection_modifyitems(items):
     for item in items:
-        shared = False
+        rel = Path(str(item.fspath)).relative_to(TESTS).parts
+        group = GROUPS.get(rel[0]) if len(rel) > 1 else None
         if IMAGE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.image)
-            shared = True
-        rel = Path(str(item.fspath)).relative_to(TESTS).parts
-        if shared or (len(rel) > 1 and rel[0] in SHARED_STATE_DIRS):
-            # `make test` runs pytest-xdist workers (--dist loadgroup): these tests all go to one worker,
-            # in turn, so the session's images, engines and test user are made once and never raced
-            item.add_marker(pytest.mark.xdist_group("machine"))
+            group = group or "engines"
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # Nothing in the suite may reach a hub; fail fast instead of hanging on the closed network.
