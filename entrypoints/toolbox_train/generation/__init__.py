@@ -4,6 +4,8 @@ Its hooks, called from theirs: its section fields (declare), the sampler picked 
 `extras`, recorded in the resolved run), what can run here (prepare), its KV cache (memory), and TRL's
 arguments and the compiled decoding (build).
 
-  sampler   its fields, `pick` (auto resolved), `refusal`, the KV cache the memory plan counts
-  trainer   TRL's generation arguments for the picked sampler, and the compiled static-cache decoding
+  sampler   its fields, `pick` (auto resolved), `merge` (LoRA merged for generation), `refusal`, the KV
+            cache and merged weights the memory plan counts
+  trainer   TRL's generation arguments for the picked sampler, the compiled static-cache decoding and
+            the merged-LoRA generation (`mixins`)
 """
