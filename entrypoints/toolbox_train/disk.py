@@ -1,7 +1,7 @@
 """Writing to disk, for the training commands and the host alike: the one durable atomic write (a
 reader - another node, a resumed run, `bench render`, a build - sees the old file or the new one,
-never half of one, and a power cut leaves no zero-length file under the new name), and the error a
-failed write becomes."""
+never half of one, and a power cut leaves no zero-length file under the new name), the one way a
+folder is published whole (`publish_folder`), and the error a failed write becomes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import os
 import shutil
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from toolbox_train.contract import MACHINE_ERRNOS, ToolError, UserError, disk_full  # noqa: F401 (disk.disk_full)
 
@@ -113,3 +114,30 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink()
+
+
+@contextmanager
+def publish_folder(dest: Path) -> Iterator[Path]:
+    """A fresh folder beside `dest` (`.NAME.partial-PID`, what export/llamacpp.py tells users of) to
+    fill. When the block ends, it takes `dest`'s place in one rename: a `dest` already there is set
+    aside first and removed once the new one is in. When the block raises (a tool failing, a full
+    disk, SIGTERM), the partial folder goes and `dest` is left as it was (put back if it was set
+    aside). Checkpoints publish their own way: another node may have published the same step
+    (runs/checkpoints.publish)."""
+    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    old = None
+    try:
+        yield tmp
+        if dest.exists():
+            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists() and not dest.exists():
+            os.replace(old, dest)  # what was there before, back as it was
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

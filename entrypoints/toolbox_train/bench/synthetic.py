@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 from toolbox_train.bench.shapes import SHAPES, SPECIAL_TOKENS
-from toolbox_train.disk import atomic_write
+from toolbox_train.disk import atomic_write, publish_folder
 
 
 def build_tokenizer(dest: Path, vocab_size: int):
@@ -37,20 +35,13 @@ def build_model_dir(shape: str | dict, dest: Path, device: str = "cpu") -> Path:
     kw = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     mt = kw.pop("model_type")
     cfg = AutoConfig.for_model(mt, bos_token_id=1, eos_token_id=2, pad_token_id=3, **kw)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent))
-    try:
+    with publish_folder(dest) as tmp:
         torch.manual_seed(0)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         model.save_pretrained(tmp)
         build_tokenizer(tmp, cfg.vocab_size)
         del model
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return dest
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from toolbox_train.export import llamacpp
 from toolbox_train.contract import ToolError, UserError, command_parser, renamed, run_command
-from toolbox_train.disk import atomic_write
+from toolbox_train.disk import atomic_write, publish_folder
 from toolbox_train.guards import check_path, regular_file
 from toolbox_train.runs.folder import RunModel, find_finished, hf_model, loading, rows_to_texts
 
@@ -99,20 +99,12 @@ def _gguf_for(rm: RunModel, quant: str, tools, which: str) -> Path:
         return f
     # The base: convert (and quantize) straight from its folder, atomically like export.
     conv = export_model.conversion_type([quant])
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with publish_folder(out) as tmp:
         say(f"converting the base model {base} to GGUF {conv} (its output: {tools.log(f'convert-{conv}')})")
         llamacpp.convert(tools, Path(base), tmp / f"model-{conv}.gguf", conv)
         if quant != conv:
             llamacpp.quantize(tools, tmp / f"model-{conv}.gguf", tmp / f"model-{quant}.gguf", quant)
             (tmp / f"model-{conv}.gguf").unlink()
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return f
 
 

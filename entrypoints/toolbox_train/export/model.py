@@ -22,6 +22,7 @@ from pathlib import Path
 
 from toolbox_train.export import card, llamacpp, projector
 from toolbox_train.contract import ToolError, UserError, command_parser, run_command
+from toolbox_train.disk import publish_folder
 from toolbox_train.guards import check_path
 from toolbox_train.runs.folder import RunModel, find_finished, human_size, loading
 
@@ -231,13 +232,9 @@ def execute(job: Job) -> dict:
 
 
 def _execute(job: Job) -> dict:
-    tmp = job.out.parent / f".{job.out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    manifest: list[dict] = []
-    t0 = time.perf_counter()
-    old = None
-    try:
+    with publish_folder(job.out) as tmp:
+        manifest: list[dict] = []
+        t0 = time.perf_counter()
         (do_merged if job.to == "merged" else do_gguf)(job, tmp, manifest)
         _wrote(card.write(job.rm.run, job.rm.resolved, tmp, job.to,
                           [f["path"] for f in manifest if f["path"].endswith(".gguf")]), manifest)
@@ -247,17 +244,6 @@ def _execute(job: Job) -> dict:
                   "llama_cpp": job.tools.version() if job.tools else None,
                   "seconds": round(time.perf_counter() - t0, 2)}
         (tmp / "export.json").write_text(json.dumps(result, indent=2) + "\n")
-        if job.out.exists():
-            old = job.out.parent / f".{job.out.name}.old-{os.getpid()}"
-            os.replace(job.out, old)
-        os.replace(tmp, job.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and old.exists() and not job.out.exists():
-            os.replace(old, job.out)  # what was there before, back as it was
-        raise
     return result
 
 
