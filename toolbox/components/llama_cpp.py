@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, Model
+from toolbox.components import Component, LockPart, Model
 from toolbox.components.values import (
     FieldError, check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version
     as _version,
@@ -87,4 +87,7 @@ COMPONENT = Component(
     applies=lambda s: s.model.llama_cpp is not None, pins=_pins,
     builder="stages/llama_cpp.j2", runtime="runtime/llama_cpp.j2",
     needs_devel=lambda s: True, variables=_variables,
+    # llama.cpp's converter imports sentencepiece: in the Python lock
+    lock=lambda s: LockPart(requirements=(f"sentencepiece=={s.model.llama_cpp.sentencepiece}",)
+                            if s.model.llama_cpp.sentencepiece else ()),
 )

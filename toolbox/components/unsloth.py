@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, ContextFile, Model
+from toolbox.components import Component, ContextFile, LockPart, Model, git_bump
 from toolbox.components.values import (
     check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version as _version,
 )
@@ -103,6 +103,14 @@ def _context(stack):
         ContextFile("patches/unsloth/.keep", text="")]
 
 
+def _lock(stack) -> LockPart:
+    """PyPI Unsloth is in the Python lock, less left_out(); a git build's wheels are not."""
+    u = stack.model.unsloth
+    extras = f"[{','.join(sorted(u.extras))}]" if u.extras else ""
+    reqs = (f"unsloth{extras}=={u.version}", f"unsloth-zoo=={u.zoo_version}") if u.source == "pypi" else ()
+    return LockPart(requirements=reqs, left_out=left_out(stack))
+
+
 def _git(stack) -> bool:
     return stack.model.unsloth.source == "git"
 
@@ -154,5 +162,6 @@ COMPONENT = Component(
     block=Unsloth, field=Field(None, description='Unsloth and unsloth_zoo'),
     applies=lambda s: s.model.unsloth is not None, pins=_pins,
     builder="stages/unsloth.j2", runtime="runtime/unsloth.j2",
-    builds=_git, needs_devel=_git, variables=_variables, context=_context,
+    builds=_git, needs_devel=_git, variables=_variables, context=_context, lock=_lock,
+    bumps={"unsloth": git_bump("unsloth"), "unsloth_zoo": git_bump("unsloth", "zoo_repo", "zoo_commit", unverified=False)},
 )
