@@ -11,6 +11,7 @@ from pathlib import Path
 from toolbox.argtypes import image_ref, network_mode
 from toolbox.commands.options import add_set, add_stack
 from toolbox.errors import ToolError, UserError
+from toolbox_train.sizes import human_size
 
 
 def register(sub) -> None:
@@ -35,15 +36,6 @@ def register(sub) -> None:
                    help="build although the stack's Python lock is for other pins (those install unhashed)")
     p.add_argument("--dry-run", action="store_true", help="print the engine commands, shell-quoted; build nothing")
     p.set_defaults(func=run)
-
-
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(n)
 
 
 def _check_inputs(args) -> None:
