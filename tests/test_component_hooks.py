@@ -6,8 +6,8 @@ exported values live in its module, and the generic modules that ask them name n
   block read off the stack model, no component module imported (an AST check; messages and
   docstrings may name one). stack.releases (AMD's release indexes, which the rocm and torch bump
   hooks reach through bumping's tools) and stack.model (the checks across blocks) are not generic.
-- A template reads its own component's block, the stack's own fields and `exports`, never
-  another component's block.
+- A template reads its own component's block and variables, the stack's own fields and `exports`,
+  never another component's block or variables.
 - A component module added beside the others, in a folder of its own (the package's path
   extended, in a fresh process), is picked up by the pins, the first-use pins, the Python lock,
   `toolbox bump` and render, with no other module edited.
@@ -131,15 +131,39 @@ def templates() -> dict[str, components.Component | None]:
     return owner
 
 
+def foreign_variables(text: str, owner: components.Component | None, own: set[str]) -> list[str]:
+    """The template variables a template (of `owner`, None: render's own) uses that are neither its
+    component's variables (`own`) nor render's own (`stack`, `exports`, ...)."""
+    import jinja2.meta
+
+    from toolbox import rendering
+
+    used = jinja2.meta.find_undeclared_variables(rendering._env().parse(text))
+    return sorted(used - (own if owner is not None else set()) - rendering.RESERVED)
+
+
 def test_a_template_reads_another_component_only_through_its_exports():
     owners = templates()
     on_disk = {p.relative_to(ROOT / "dockerfiles").as_posix() for p in (ROOT / "dockerfiles").rglob("*.j2")}
     assert set(owners) == on_disk, set(owners) ^ on_disk
     wrong = {t: r for t, c in owners.items() if (r := block_reads((ROOT / "dockerfiles" / t).read_text(), c))}
     assert not wrong, f"templates reading another component's block (use its exports): {wrong}"
-    # and the check sees one: torch's step reading ROCm's prefix off its block, render's stage the base's
+    # nor another component's template variables (their names are one flat namespace)
+    from toolbox.stack.load import load_stack
+
+    own: dict[str, set[str]] = {}
+    for s in (load_stack(n) for n in ("cpu", "cuda", "gfx1151", "gfx1151-rocm10.0")):
+        for c in components.active(s):
+            own.setdefault(c.name, set()).update(c.variables(s, s.pin_set))
+    wrong = {t: r for t, c in owners.items()
+             if (r := foreign_variables((ROOT / "dockerfiles" / t).read_text(), c, own.get(getattr(c, "name", ""), set())))}
+    assert not wrong, f"templates reading another component's variables (use its exports): {wrong}"
+    # and the checks see one: torch's step reading ROCm's prefix off its block, render's stage the
+    # base's, hf's step torch's variable
     torch = next(c for c in components.registry() if c.name == "torch")
     assert block_reads("find {{ stack.model.rocm.prefix }}/ -name x", torch) == ["stack.model.rocm"]
+    hf = next(c for c in components.registry() if c.name == "hf")
+    assert foreign_variables("{% for r in hf_reqs + torch_reqs %}{{ r }}{% endfor %}", hf, own["hf"]) == ["torch_reqs"]
     assert block_reads("FROM {{ stack.base_image }}", None) == ["stack.base_image"]
 
 

@@ -20,14 +20,15 @@ A component module defines `COMPONENT = Component(...)` with:
 - `runtime`: a template rendering its steps in the runtime stage (copying builder results in).
 - `needs_devel(stack) -> bool`: its builder stage starts `FROM devel` (compilers); render puts
   the shared devel stage right before the first builder stage that needs it.
-- `variables(stack, pin_set) -> dict`: template variables its templates use. Names must not clash
-  with another component's (render refuses a clash); `stack`, `lock_digest`, `builders` and
-  `runtimes` are render's own.
+- `variables(stack, pin_set) -> dict`: template variables its own templates use. Names must not
+  clash with another component's (render refuses a clash); `stack`, `lock_digest`, `builders`,
+  `runtimes` and `exports` are render's own.
 - `context(stack) -> [ContextFile]`: what it puts into the build context besides the
   Dockerfile and stack.lock.yaml (files or folders copied, templates rendered, empty folders).
-- `exports(stack) -> dict`: named values other components' templates read, as
-  `exports.<name>.<key>` (rocm's `prefix`, base's `family`): a template reads its own block, the
-  stack's own fields and these, never another component's block (tests/test_component_hooks.py).
+- `exports(stack) -> dict`: named values other components' templates (and render's own stages)
+  read, as `exports.<name>.<key>` (rocm's `prefix`, base's `family`, torch's `reqs`): a template
+  reads its own block and variables, the stack's own fields and these, never another component's
+  block or variables (tests/test_component_hooks.py).
 
 Its lifecycle beyond the image, each hook optional, each asked by one generic module that names
 no component (the hooks receive the tools they need: this package imports nothing of the stack):

@@ -153,5 +153,6 @@ COMPONENT = Component("base", place=0,
                       block=Base, field=Field(description="the base image"),
                       applies=lambda s: True, pins=_pins, builder="stages/base.j2",
                       variables=_variables, context=_context, interpreter=python_version,
-                      exports=lambda s: {"family": s.model.base.family},
+                      exports=lambda s: {"family": s.model.base.family,
+                                         "packages": {k: os_packages(s, k) for k in ("runtime", "toolbx", "devel")}},
                       bumps={"base": _bump}, first_use_pins=_first_use, pin_place=1000)

@@ -31,4 +31,5 @@ COMPONENT = Component("hf", place=50,
                       block=Hf, field=Field(description='the Hugging Face training libraries'),
                       applies=lambda s: True, pins=_pins, runtime="runtime/hf.j2",
                       lock=lambda s: LockPart(requirements=tuple(requirements(s))),
+                      exports=lambda s: {"reqs": requirements(s)},  # what later steps repeat to keep it
                       variables=lambda s, pin_set: {"hf_reqs": requirements(s)})

@@ -136,6 +136,7 @@ COMPONENT = Component(
     block=Rocm, field=Field(None, description='ROCm (platform rocm only)'),
     applies=lambda s: s.model.rocm is not None, pins=_pins,
     builder="stages/rocm.j2", runtime="runtime/rocm.j2", variables=_variables,
-    exports=lambda s: {"prefix": s.model.rocm.prefix, "version": s.model.rocm.version, "source": s.model.rocm.source},
+    exports=lambda s: {"prefix": s.model.rocm.prefix, "version": s.model.rocm.version, "source": s.model.rocm.source,
+                       "stage": _variables(s, None)["rocm_stage"]},
     first_use_pins=_first_use, bumps={"rocm": _bump, "therock": git_bump("rocm.therock")},
 )

@@ -165,7 +165,9 @@ COMPONENT = Component("torch", place=30,
                       block=Torch, field=Field(description='PyTorch'),
                       applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
                       lock=_lock, first_use_pins=_first_use, bumps={"torch": _bump},
-                      exports=lambda s: {"version": s.model.torch.torch, "index_url": s.model.torch.index_url},
+                      # reqs: what later pip steps repeat to keep torch as it is
+                      exports=lambda s: {"version": s.model.torch.torch, "index_url": s.model.torch.index_url,
+                                         "reqs": [shlex.quote(r) for r in requirements(s)]},
                       # Quoted for the RUN shell: a [device-...] extra is a glob pattern there.
                       # torch_reqs: what later pip steps repeat to keep torch as it is (versions: already
                       # satisfied); torch_install_reqs: what the torch step installs (pinned wheel URLs).

@@ -89,7 +89,7 @@ def _requirements(stack) -> tuple[list[str], list[str]]:
 def _variables(stack, pin_set):
     reqs, wheels = _requirements(stack)
     return {"unsloth_reqs": reqs, "unsloth_wheels": wheels, "unsloth_patches": patches(stack),
-            "unsloth_left_out": left_out(stack), "unsloth_missing_ok": missing_ok(stack)}
+            "unsloth_left_out": left_out(stack)}
 
 
 def _context(stack):
@@ -163,5 +163,6 @@ COMPONENT = Component(
     applies=lambda s: s.model.unsloth is not None, pins=_pins,
     builder="stages/unsloth.j2", runtime="runtime/unsloth.j2",
     builds=_git, needs_devel=_git, variables=_variables, context=_context, lock=_lock,
+    exports=lambda s: {"missing_ok": missing_ok(s)},  # what the final pip check may find missing
     bumps={"unsloth": git_bump("unsloth"), "unsloth_zoo": git_bump("unsloth", "zoo_repo", "zoo_commit", unverified=False)},
 )
