@@ -5,12 +5,13 @@ exported values live in its module, and the generic modules that ask them name n
   dispatch on no component: no component's name compared, used as a key or attribute name, no
   block read off the stack model, no component module imported (an AST check; messages and
   docstrings may name one). stack.releases (AMD's release indexes, which the rocm and torch bump
-  hooks reach through bumping's tools) and stack.model (the checks across blocks) are not generic.
+  hooks reach through bumping's tools) is not generic; stack.model runs the components' `checks`
+  but keeps the platform's own rule (platform rocm needs a `rocm:` block and gpu_targets).
 - A template reads its own component's block and variables, the stack's own fields and `exports`,
   never another component's block or variables.
 - A component module added beside the others, in a folder of its own (the package's path
   extended, in a fresh process), is picked up by the pins, the first-use pins, the Python lock,
-  `toolbox bump` and render, with no other module edited.
+  `toolbox bump`, the stack's checks and render, with no other module edited.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ from typing import Optional
 from pydantic import Field
 
 from toolbox.components import Component, ContextFile, LockPart, Model
+from toolbox.components.values import FieldError
 
 
 class Tiny(Model):
@@ -188,6 +190,11 @@ def _first_use(stack, pin):
     return [(("tiny", "sha256"), "c" * 64)]
 
 
+def _checks(model):
+    if model.tiny.version == "0" and model.platform == "cpu":
+        raise FieldError(("tiny", "version"), "tiny 0 never ran on cpu")
+
+
 COMPONENT = Component(
     "tiny", place=95, block=Tiny, field=Field(None, description="the test's component"),
     applies=lambda s: s.model.tiny is not None,
@@ -197,7 +204,7 @@ COMPONENT = Component(
     exports=lambda s: {"home": "/opt/tiny"},
     lock=lambda s: LockPart(requirements=(f"tinypkg=={s.model.tiny.version}",)),
     bumps={"tiny": lambda stack, to, tools: {"tiny.version": to}},
-    first_use_pins=_first_use,
+    first_use_pins=_first_use, checks=_checks,
 )
 '''
 
@@ -220,7 +227,12 @@ stack = load_stack(path, first_use=lambda s: pinning.first_use_pins(s, frozen=Tr
 rendering.write_context(stack, tmp / "ctx")
 out = {"pins": stack.pins(), "requirements": python_lock.requirements(stack), "targets": COMPONENTS,
        "dockerfile": (tmp / "ctx" / "Dockerfile").read_text(), "context": (tmp / "ctx" / "tiny" / "README").read_text(),
-       "bump": bump("tiny", path, "2.0")}
+       "bump": None}
+try:
+    load_stack(path, ["tiny.version=0"])
+except Exception as exc:
+    out["check"] = f"{type(exc).__name__}: {exc}"
+out["bump"] = bump("tiny", path, "2.0")
 out["after"] = load_stack(path).model.tiny.version
 print(json.dumps(out))
 '''
@@ -251,4 +263,5 @@ def test_a_new_component_is_one_entry(tmp_path):
     assert out["dockerfile"].index("/opt/toolbox/entrypoints") < out["dockerfile"].index(step) \
         < out["dockerfile"].index("LABEL")
     assert out["context"] == "tiny 1.0"
+    assert out["check"] == "UserError: --set tiny.version=0: tiny.version: tiny 0 never ran on cpu", out["check"]
     assert "tiny" not in component_names()  # this process's registry: the module was the subprocess's

@@ -38,6 +38,8 @@ no component (the hooks receive the tools they need: this package imports nothin
   (toolbox.stack.bumping; `git_bump` for a block pinned by a git commit).
 - `first_use_pins(stack, pinner) -> [(field path, value)]`: what it pins on first use
   (toolbox.stack.pinning), in `pin_place` order (default `place`).
+- `checks(model)`: what it asks of the stack and the blocks it depends on, run when the stack
+  model is validated where its block is set (toolbox.stack.model; raise values.FieldError).
 
 Adding a component: a module here with those hooks and its block, and its templates; the
 registry finds every module here that defines COMPONENT. The order (`place`) is by how often the
@@ -167,6 +169,7 @@ class Component:
     bumps: Mapping[str, Bumper] = _field(default_factory=dict)
     first_use_pins: Callable[["Stack", Any], list[tuple[tuple[str, ...], Any]]] | None = None
     pin_place: int | None = None  # first-use pins are taken in this order; None: `place`
+    checks: Callable[[Any], None] | None = None  # (stack model) its checks across blocks; FieldError
 
     @property
     def block_key(self) -> str:

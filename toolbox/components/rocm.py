@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from toolbox.components import Component, Model, NewStack, git_bump
 from toolbox.errors import UserError
 from toolbox.components.values import (
+    FieldError,
     check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version as _version,
     pinned_is_verified as _pinned_is_verified,
 )
@@ -33,6 +34,11 @@ def _pins(stack):
 def _variables(stack, pin_set):
     stage = "rocm-fetch" if stack.model.rocm.source == "tarball" else "rocm-build"
     return {"rocm_stage": stage, "rocm_layout": TARBALL_LAYOUT}
+
+
+def _checks(model) -> None:
+    if model.platform != "rocm":
+        raise FieldError(("rocm",), "`rocm:` only belongs to platform rocm")
 
 
 def _first_use(stack, pin):
@@ -138,5 +144,5 @@ COMPONENT = Component(
     builder="stages/rocm.j2", runtime="runtime/rocm.j2", variables=_variables,
     exports=lambda s: {"prefix": s.model.rocm.prefix, "version": s.model.rocm.version, "source": s.model.rocm.source,
                        "stage": _variables(s, None)["rocm_stage"]},
-    first_use_pins=_first_use, bumps={"rocm": _bump, "therock": git_bump("rocm.therock")},
+    first_use_pins=_first_use, bumps={"rocm": _bump, "therock": git_bump("rocm.therock")}, checks=_checks,
 )

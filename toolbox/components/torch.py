@@ -1,5 +1,6 @@
 """PyTorch (+ torchvision, torchaudio) at exact versions from the stack's index."""
 
+import re
 import shlex
 
 from typing import Optional
@@ -8,7 +9,9 @@ from pydantic import Field, field_validator, model_validator
 
 from toolbox.components import Component, LockPart, Model, python_version
 from toolbox.errors import UserError
-from toolbox.components.values import check_url as _url, check_version as _version, check_wheel_ref
+from toolbox.components.values import (
+    GFX_RE, FieldError, check_url as _url, check_version as _version, check_wheel_ref, covers,
+)
 
 
 def device_extra(stack) -> str:
@@ -69,6 +72,47 @@ def closed_set(stack) -> dict | None:
             "install": [*head, "--no-build-isolation", *install_requirements(stack)],
             "check": ["--closed", *requirements(stack)],
             "env": {"ROCM_SDK_TARGET_FAMILY": stack.model.gpu_targets[0], "ROCM_BOOTSTRAP_DISABLE_DETECTION": "1"}}
+
+
+def _checks(model) -> None:
+    """On ROCm: the tarball and the index are for the stack's targets, and torch is one exact
+    build of the ROCm line (_one_rocm_line)."""
+    if model.platform != "rocm":
+        return
+    stale = [(name, url) for name, url in (
+        ("rocm.tarball.url", model.rocm.tarball.url if model.rocm.source == "tarball" else None),
+        ("torch.index_url", model.torch.index_url)) if url and not covers(url, model.gpu_targets)]
+    if stale:
+        names = " and ".join(n for n, _ in stale)
+        built = ", ".join(sorted({t for _, u in stale for t in GFX_RE.findall(u)}))
+        raise FieldError(("gpu_targets",), f"{names} {'are' if len(stale) > 1 else 'is'} for {built}, "
+                         f"not gpu_targets {', '.join(model.gpu_targets)}: set {names} for "
+                         f"{', '.join(model.gpu_targets)} too (a tarball URL without its sha256 is "
+                         "pinned on first use)")
+    _one_rocm_line(model)
+
+
+def _one_rocm_line(model) -> None:
+    """From ROCm 10 on, AMD's indexes hold 7.x and 10.x builds side by side, and pip/uv compare
+    local versions as text: +rocm10.0.0 sorts below +rocm7.15.0a... (TheRock
+    docs/packaging/versioning.md, #7183). So a torch pin that is not one exact build of this
+    ROCm line (+rocm<major>.<minor>.<patch>) could install a 7.x wheel into a 10.x image: refused."""
+    major = re.match(r"(\d+)\.(\d+)", model.rocm.version)
+    if not model.torch.index_url or major is None or int(major[1]) < 10:
+        return
+    line = f"{major[1]}.{major[2]}"
+    for key in ("torch", "torchvision", "torchaudio"):
+        v = getattr(model.torch, key)
+        if v is None:
+            continue
+        local = v.partition("+")[2]
+        m = re.fullmatch(r"rocm(\d+)\.(\d+)\.\d+", local)
+        if m and f"{m[1]}.{m[2]}" == line:
+            continue
+        why = "has no local version" if not local else f"names +{local}"
+        raise FieldError(("torch", key), f"{v} {why}: on ROCm {model.rocm.version} pin one exact build of "
+                         f"its line, +rocm{line}.<patch> (a 7.x wheel sorts above a 10.x one as text, so "
+                         "anything looser can install the wrong ROCm line)")
 
 
 def _first_use_index(stack) -> bool:
@@ -164,7 +208,7 @@ class Torch(Model):
 COMPONENT = Component("torch", place=30,
                       block=Torch, field=Field(description='PyTorch'),
                       applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
-                      lock=_lock, first_use_pins=_first_use, bumps={"torch": _bump},
+                      lock=_lock, first_use_pins=_first_use, bumps={"torch": _bump}, checks=_checks,
                       # reqs: what later pip steps repeat to keep torch as it is
                       exports=lambda s: {"version": s.model.torch.torch, "index_url": s.model.torch.index_url,
                                          "reqs": [shlex.quote(r) for r in requirements(s)]},
