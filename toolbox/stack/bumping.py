@@ -20,7 +20,7 @@ from toolbox.files import atomic_write
 from toolbox.stack import releases
 from toolbox.stack.load import load_stack, resolve_ref
 from toolbox.stack.remote import resolve_digest, resolve_git, sha256_url
-from toolbox.stack.source import field_lines
+from toolbox.stack.source import field_lines, writes
 
 COMPONENTS = list(components.bump_targets())  # the targets `toolbox bump` takes
 
@@ -79,7 +79,7 @@ def bump(component: str, stack_ref: str | None, to: str | None, *, index_url: st
     changes = targets[component](stack, to, Tools(path, index_url, registry_url))
     if isinstance(changes, components.NewStack):
         return changes.result
-    changes = {k: v for k, v in changes.items() if k.endswith("unverified") is False or _has(path, k)}
+    changes = {k: v for k, v in changes.items() if k.endswith("unverified") is False or writes(path, k)}
     text = edit_fields(path, changes)
     _write_checked(path, text)
     return changes
@@ -95,9 +95,3 @@ def _write_checked(path: Path, text: str) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     atomic_write(path, text)
-
-
-def _has(path: Path, dotted: str) -> bool:
-    return tuple(dotted.split(".")) in field_lines(path)
-
-

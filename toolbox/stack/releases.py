@@ -41,12 +41,8 @@ from toolbox.errors import ToolError, UserError
 from toolbox.stack import wheel_index
 from toolbox.stack.load import STACKS_DIR
 from toolbox.stack.remote import NotFound, _open, resolve_git, sha256_url
-from toolbox.stack.source import field_lines
+from toolbox.stack.source import writes
 from toolbox.components.values import UNCOUPLED
-
-
-def _has(path: Path, dotted: str) -> bool:
-    return tuple(dotted.split(".")) in field_lines(path)
 
 
 def resolve_tarball(index_url: str, target: str, to: str | None) -> tuple[str, str]:
@@ -138,7 +134,7 @@ def _rewheel(stack, index_url: str, versions: dict[str, str], interp: str | None
     part, or files the index does not have."""
     path = stack.source
     names = [n for n in stack.model.torch.wheels if n not in UNCOUPLED]
-    written = [n for n in names if _has(path, f"torch.wheels.{n}")]
+    written = [n for n in names if writes(path, f"torch.wheels.{n}")]
     if not written:
         return {}
     inherited = [n for n in names if n not in written]
