@@ -42,20 +42,21 @@ no component (the hooks receive the tools they need: this package imports nothin
   model is validated where its block is set (toolbox.stack.model; raise values.FieldError).
 
 Adding a component: a module here with those hooks and its block, and its templates; the
-registry finds every module here that defines COMPONENT. The order (`place`) is by how often the
+registry finds every module here that defines COMPONENT (tests/test_component_hooks.py adds one). The order (`place`) is by how often the
 pins change (ROCm first, Unsloth/HF last, labels at the very end), so a bump of a late pin
 reuses every earlier layer.
 
 This package is below toolbox.stack: it imports nothing of it (the stack model imports the
 blocks, the loader collects the pins). The `stack` each hook receives is the resolved stack
-(toolbox.stack.resolved.Stack) and `pin_set` its toolbox.stack.digest.PinSet.
+(toolbox.stack.resolved.Stack) and `pin_set` its toolbox.stack.digest.PinSet; `lock` and
+`first_use_pins` get it before its pins are collected (`stack.pin_set` is None then).
 """
 
 from __future__ import annotations
 
 import importlib
-import re
 import pkgutil
+import re
 from dataclasses import dataclass, field as _field
 from functools import cache
 from pathlib import Path
@@ -136,7 +137,7 @@ def git_bump(block: str, repo_field: str = "repo", commit_field: str = "commit",
             raise UserError(f"{tools.path}: {block}: this stack has no such block")
         if getattr(obj, "source", "git") != "git":
             raise UserError(f"{tools.path}: {block}: source is {obj.source}, not git: no commit to bump (edit its "
-                               f"version, then `toolbox lock --stack {stack.model.name}`)")
+                            f"version, then `toolbox lock --stack {stack.model.name}`)")
         changes: dict[str, object] = {f"{block}.{commit_field}": tools.git(getattr(obj, repo_field), to)}
         if tag_version and to and re.fullmatch(r"v?\d+\.\d+\.\d+", to):
             # a release tag: the wheel the image builds carries that version (its install step names it)
