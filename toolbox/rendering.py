@@ -1,7 +1,9 @@
 """Render a stack into a Dockerfile and a whole build context.
 
 Generic over components (toolbox/components/): each active component contributes its
-template partials, variables and context files; nothing here names one. Output is
+template partials, variables and context files; nothing here names one. Every template also
+sees `exports`: {component: its exported values} of the active components (`exports.rocm.prefix`),
+which is how one component's template reads another's: never through its block in `stack`. Output is
 deterministic: no timestamps, sorted lists, so the same stack renders byte-identical.
 """
 
@@ -25,7 +27,7 @@ from toolbox.stack.resolved import Stack
 
 TEMPLATES = PROJECT_ROOT / "dockerfiles"
 DEVEL_STAGE = "stages/devel.j2"
-RESERVED = frozenset({"stack", "lock_digest", "builders", "runtimes"})
+RESERVED = frozenset({"stack", "lock_digest", "builders", "runtimes", "exports"})
 
 
 def _env() -> jinja2.Environment:
@@ -56,6 +58,7 @@ def _context(stack: Stack, parts: list[components.Part]) -> dict:
         "lock_digest": stack.digest(),
         "builders": builders,
         "runtimes": [part.component.runtime for part in parts if part.component.runtime],
+        "exports": _exports(parts),
     }
     owner: dict[str, str] = {}
     for part in parts:
@@ -67,6 +70,11 @@ def _context(stack: Stack, parts: list[components.Part]) -> dict:
             owner[key] = name
             variables[key] = value
     return variables
+
+
+def _exports(parts: list[components.Part]) -> dict[str, dict]:
+    """{component name: its exported values} of the active components: what a template sees of another."""
+    return {part.component.name: part.exports for part in parts}
 
 
 def _render(template: str, **variables) -> str:
@@ -97,11 +105,11 @@ def _copytree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, ignore=ignore, dirs_exist_ok=True, copy_function=_copy)
 
 
-def _place(entry: ContextFile, root: Path, stack: Stack, owner: str) -> None:
+def _place(entry: ContextFile, root: Path, stack: Stack, owner: str, exports: dict) -> None:
     target = root / entry.dest
     target.parent.mkdir(parents=True, exist_ok=True)
     if entry.template is not None:
-        target.write_text(_render(entry.template, stack=stack), encoding="utf-8")
+        target.write_text(_render(entry.template, stack=stack, exports=exports), encoding="utf-8")
     elif entry.text is not None:
         target.write_text(entry.text, encoding="utf-8")
     elif entry.src is None:
@@ -131,9 +139,10 @@ def write_context(stack: Stack, dest: Path) -> Path:
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
         (tmp / "stack.lock.yaml").write_text(lock_document(stack.model, stack.pin_set), encoding="utf-8")
+        exports = _exports(parts)
         for part in parts:
             for entry in part.context:
-                _place(entry, tmp, stack, part.component.name)
+                _place(entry, tmp, stack, part.component.name, exports)
         if dest.exists():
             dest.rmdir()
         os.replace(tmp, dest)

@@ -11,6 +11,7 @@ from pathlib import Path
 from toolbox.argtypes import image_ref, network_mode
 from toolbox.commands.options import add_set, add_stack
 from toolbox.errors import ToolError, UserError
+from toolbox_train.sizes import human_size
 
 
 def register(sub) -> None:
@@ -35,15 +36,6 @@ def register(sub) -> None:
                    help="build although the stack's Python lock is for other pins (those install unhashed)")
     p.add_argument("--dry-run", action="store_true", help="print the engine commands, shell-quoted; build nothing")
     p.set_defaults(func=run)
-
-
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(n)
 
 
 def _check_inputs(args) -> None:
@@ -80,22 +72,28 @@ def run(args) -> int:
     from toolbox.engines import BuildSpec, get_engine, quote, require
     from toolbox.rendering import write_context
     from toolbox.run_options import default_tag
-    from toolbox.stack.load import load_stack, with_pins
+    from toolbox.stack.load import load_stack
 
     from toolbox.stack import pinning, python_lock
 
-    stack = load_stack(args.stack, args.overrides)
-    _check_inputs(args)
-    # A stale Python lock: exit 2 before anything is fetched (its warnings come after pinning's lines).
-    if args.frozen and args.unlocked:
-        raise UserError("--unlocked builds without the Python lock's hashes: not with --frozen")
-    lock_warning = python_lock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
-    engine = get_engine(args.engine)
-    if not args.allow_unverified or args.frozen:
+    engine = lock_warning = None
+
+    def first_use(stack):
+        """Once the stack is validated and its Python lock read, before its pins are collected."""
+        nonlocal engine, lock_warning
+        _check_inputs(args)
+        # A stale Python lock: exit 2 before anything is fetched (its warnings come after pinning's lines).
+        if args.frozen and args.unlocked:
+            raise UserError("--unlocked builds without the Python lock's hashes: not with --frozen")
+        lock_warning = python_lock.check(stack, args.stack, args.overrides, unlocked=args.unlocked)
+        engine = get_engine(args.engine)
+        if args.allow_unverified and not args.frozen:
+            return []
         # The ROCm tarball's sha256 / base digest: from the user's pins file, else fetched once now.
-        pins = pinning.first_use_pins(stack, frozen=args.frozen, engine=engine.name, ca_bundle=args.ca_bundle)
-        if pins:
-            stack = with_pins(stack, pins)  # typed updates: the files and --set are not read again
+        return pinning.first_use_pins(stack, frozen=args.frozen, engine=engine.name, ca_bundle=args.ca_bundle)
+
+    # Resolved once, with the typed first-use pins: the files and --set are not read again.
+    stack = load_stack(args.stack, args.overrides, first_use=first_use)
     unverified = stack.unverified_pins()
     if unverified and (args.frozen or not args.allow_unverified):
         raise UserError(

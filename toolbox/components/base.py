@@ -1,11 +1,13 @@
 """The OS layer: base image, toolbx/distrobox packages, the /opt/venv Python environment."""
 
+import re
 from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
 from toolbox.components import Component, ContextFile, Model
 from toolbox.components.values import DIGEST_RE, FLOATING_WORDS, pinned_is_verified as _pinned_is_verified
+from toolbox.errors import UserError
 from toolbox.paths import PROJECT_ROOT
 
 SCRIPTS = PROJECT_ROOT / "dockerfiles" / "scripts"
@@ -53,6 +55,44 @@ def os_packages(stack, kind: str) -> list[str]:
     if kind == "runtime" and stack.model.platform in ("rocm", "cuda"):
         pkgs += RDMA_PACKAGES[fam]  # GPU images train across nodes; the cpu image uses gloo over TCP
     return sorted(set(pkgs))
+
+
+# The interpreter the image's /opt/venv is made with: Debian bookworm's python3 is 3.11.
+DEBIAN_PYTHON = {"bookworm": "3.11", "bookworm-slim": "3.11", "trixie": "3.13", "trixie-slim": "3.13"}
+
+
+def python_version(stack) -> str:
+    """The Python of the image's venv ("3.12"): a Debian tag's python3, else base.python's."""
+    base = stack.model.base
+    if base.family == "debian":
+        tag = base.image.rsplit(":", 1)[-1]
+        if tag not in DEBIAN_PYTHON:
+            raise UserError(f"{stack.origin.where(('base', 'image'))}: base.image: which Python does {base.image} "
+                            f"carry? known Debian tags: {', '.join(DEBIAN_PYTHON)}")
+        return DEBIAN_PYTHON[tag]
+    m = re.fullmatch(r"python(3\.\d+)", base.python)
+    if not m:
+        raise UserError(f"toolbox lock: base.python {base.python!r} names no version (python3.X)")
+    return m.group(1)
+
+
+def _first_use(stack, pin):
+    """An unpinned base image's digest, pulled once (the last first-use pin: the longest fetch)."""
+    base = stack.model.base
+    if base.digest is None and base.unverified:
+        return [(("base", "digest"), pin.image(base.image)), (("base", "unverified"), False)]
+    return []
+
+
+def _bump(stack, to, tools):
+    """`toolbox bump base [--to TAG]`: the image tag resolved to its manifest digest (registry v2 API)."""
+    changes: dict[str, object] = {}
+    image = stack.model.base.image
+    if to and to != "latest":
+        image = f"{image.rpartition(':')[0]}:{to}"
+        changes["base.image"] = image
+    changes.update({"base.digest": tools.digest(image), "base.unverified": False})
+    return changes
 
 
 def _pins(stack):
@@ -112,4 +152,7 @@ class Base(Model):
 COMPONENT = Component("base", place=0,
                       block=Base, field=Field(description="the base image"),
                       applies=lambda s: True, pins=_pins, builder="stages/base.j2",
-                      variables=_variables, context=_context)
+                      variables=_variables, context=_context, interpreter=python_version,
+                      exports=lambda s: {"family": s.model.base.family,
+                                         "packages": {k: os_packages(s, k) for k in ("runtime", "toolbx", "devel")}},
+                      bumps={"base": _bump}, first_use_pins=_first_use, pin_place=1000)

@@ -9,7 +9,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, ContextFile, Model
+from toolbox.components import Component, ContextFile, LockPart, Model, git_bump
 from toolbox.components.values import (
     check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version as _version,
 )
@@ -85,4 +85,8 @@ COMPONENT = Component(
     pins=_pins, builder="stages/bitsandbytes.j2", runtime="runtime/bitsandbytes.j2",
     builds=_built, needs_devel=_built, context=_context,
     variables=lambda s, pin_set: {"bnb_rocm_lib": rocm_library(s), "bnb_hip": hip(s)},
+    lock=lambda s: LockPart(requirements=(f"bitsandbytes=={s.model.bitsandbytes.version}",)
+                            if s.model.bitsandbytes.source == "pypi" else ()),
+    # --to X.Y.Z (a release tag) writes that version too, which the wheel built from the tag carries
+    bumps={"bitsandbytes": git_bump("bitsandbytes", tag_version="bitsandbytes.version")},
 )

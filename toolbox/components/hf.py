@@ -2,7 +2,7 @@
 
 from pydantic import Field, field_validator
 
-from toolbox.components import Component, Model
+from toolbox.components import Component, LockPart, Model
 from toolbox.components.values import check_version as _version
 
 NAMES = ("accelerate", "datasets", "peft", "transformers", "trl")
@@ -30,4 +30,6 @@ class Hf(Model):
 COMPONENT = Component("hf", place=50,
                       block=Hf, field=Field(description='the Hugging Face training libraries'),
                       applies=lambda s: True, pins=_pins, runtime="runtime/hf.j2",
+                      lock=lambda s: LockPart(requirements=tuple(requirements(s))),
+                      exports=lambda s: {"reqs": requirements(s)},  # what later steps repeat to keep it
                       variables=lambda s, pin_set: {"hf_reqs": requirements(s)})

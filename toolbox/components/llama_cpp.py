@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, Model
+from toolbox.components import Component, LockPart, Model
 from toolbox.components.values import (
     FieldError, check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version
     as _version,
@@ -57,6 +57,12 @@ def _variables(stack, pin_set):
             "llama_cpp_packages": RUNTIME_PACKAGES[stack.model.base.family]}
 
 
+def _checks(model) -> None:
+    backend, platform = model.llama_cpp.backend, model.platform
+    if backend != "cpu" and backend != {"rocm": "hip", "cuda": "cuda"}.get(platform):
+        raise FieldError(("llama_cpp", "backend"), f"backend {backend} does not fit platform {platform}")
+
+
 class LlamaCpp(Model):
     source: Literal["pypi", "git"] = Field(description="pypi: the llama-cpp-python sdist, which vendors a whole "
                                            "llama.cpp tree (reachable where only PyPI is); git: repo at commit")
@@ -86,5 +92,8 @@ COMPONENT = Component(
     block=LlamaCpp, field=Field(None, description="llama.cpp's tools and GGUF converter (export/evaluate)"),
     applies=lambda s: s.model.llama_cpp is not None, pins=_pins,
     builder="stages/llama_cpp.j2", runtime="runtime/llama_cpp.j2",
-    needs_devel=lambda s: True, variables=_variables,
+    needs_devel=lambda s: True, variables=_variables, checks=_checks,
+    # llama.cpp's converter imports sentencepiece: in the Python lock
+    lock=lambda s: LockPart(requirements=(f"sentencepiece=={s.model.llama_cpp.sentencepiece}",)
+                            if s.model.llama_cpp.sentencepiece else ()),
 )

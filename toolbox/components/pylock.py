@@ -1,7 +1,7 @@
 """The stack's Python lock (toolbox.stack.python_lock): installed with --require-hashes.
 
 No templates of its own: torch.j2 installs from its torch part while torch's pins still match
-the lock (`python_lock_torch`), hf.j2 from the whole lock while every pin does (`python_lock`).
+the lock (`exports.pylock.torch`), hf.j2 from the whole lock while every pin does (`exports.pylock.whole`).
 The used lock's sha256 is a pin, so a different dependency set never shares an image tag.
 What the lock holds for these pins is read once, when the stack is resolved (`stack.python_lock`,
 toolbox.stack.python_lock.LockState); this component only passes it on.
@@ -43,5 +43,6 @@ def _context(stack):
 
 
 COMPONENT = Component("pylock", place=100, applies=lambda s: True, pins=_pins, context=_context,
-                      variables=lambda s, pin_set: {"python_lock_torch": "python.lock.torch.sha256" in pin_set.pins,
-                                                 "python_lock": "python.lock.sha256" in pin_set.pins})
+                      # whether torch's step (torch) and the later ones (whole) install from the lock
+                      exports=lambda s: {"torch": "python.lock.torch.sha256" in s.pin_set.pins,
+                                         "whole": "python.lock.sha256" in s.pin_set.pins})

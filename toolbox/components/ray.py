@@ -3,7 +3,7 @@ stack: ~600 MB that single-box and SSH+torchrun users never load, and a ray bump
 
 from pydantic import Field, field_validator
 
-from toolbox.components import Component, Model
+from toolbox.components import Component, LockPart, Model
 from toolbox.components.values import check_version as _version
 
 
@@ -18,5 +18,7 @@ COMPONENT = Component("ray", place=80,
                       block=Ray, field=Field(None, description="Ray Train for `launch --launcher ray` (unset: the image has no Ray)"),
                       applies=lambda s: s.model.ray is not None,
                       pins=lambda s: {"ray.version": s.model.ray.version}, runtime="runtime/ray.j2",
+                      # in the Python lock, and what only it pulls in is its own layer
+                      lock=lambda s: LockPart(requirements=(f"ray[train]=={s.model.ray.version}",), own_layer="ray"),
                       # unlocked (a stale lock), the template names hf_reqs + torch_reqs again, as hf.j2 does
                       variables=lambda s, pin_set: {"ray_req": f"ray[train]=={s.model.ray.version}"})

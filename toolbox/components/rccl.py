@@ -4,8 +4,8 @@ from typing import Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, ContextFile, Model
-from toolbox.components.values import check_commit as _commit, check_targets as _targets, check_url as _url
+from toolbox.components import Component, ContextFile, Model, git_bump
+from toolbox.components.values import FieldError, check_commit as _commit, check_targets as _targets, check_url as _url
 from toolbox.paths import PROJECT_ROOT
 
 RCCL_PATCHES = PROJECT_ROOT / "rccl-patches"
@@ -25,6 +25,31 @@ def _pins(stack):
         "rccl.build_rccl_tests": str(r.build_rccl_tests).lower(),
         **({} if r.fault_injection is None else {"rccl.fault_injection": str(r.fault_injection).lower()}),
     }
+
+
+def _checks(model) -> None:
+    if model.platform != "rocm":
+        raise FieldError(("rccl",), "`rccl:` only belongs to platform rocm")
+    if model.rccl.gpu_targets is not None:
+        extra = sorted(set(model.rccl.gpu_targets) - set(model.gpu_targets))
+        if extra:
+            raise FieldError(("rccl", "gpu_targets"),
+                             f"rccl.gpu_targets names {', '.join(extra)}, which gpu_targets does not "
+                             "(drop rccl.gpu_targets to follow gpu_targets)")
+
+
+def _first_use(stack, pin):
+    """An unset (unverified) rccl.commit: the rocm-systems commit the ROCm tarball's TheRock
+    manifest names, once that tarball is pinned on first use (the rocm component's pin, before this)."""
+    rocm, rccl = stack.model.rocm, stack.model.rccl
+    if rccl.commit is not None or rocm.source != "tarball" or rocm.tarball.sha256 is not None:
+        return []
+    commit = pin.recorded(rocm.tarball.url).get("rocm_systems_commit")
+    if not commit:
+        return []
+    # No public record names this release's RCCL commit (ROCm 10.1): its own manifest does.
+    pin.loud(f"rccl.commit {commit}: the rocm-systems commit {pin.manifest} of {rocm.tarball.url} names")
+    return [(("rccl", "commit"), commit), (("rccl", "unverified"), False)]
 
 
 def series_in_context(stack) -> str | None:
@@ -88,4 +113,6 @@ COMPONENT = Component(
     applies=lambda s: s.model.rccl is not None, pins=_pins,
     builder="stages/rccl.j2", runtime="runtime/rccl.j2", needs_devel=lambda s: True,
     variables=lambda s, pin_set: {"rccl_series": series_in_context(s)}, context=_context,
+    exports=lambda s: {"targets": s.rccl_targets}, first_use_pins=_first_use, bumps={"rccl": git_bump("rccl")},
+    checks=_checks,
 )

@@ -5,8 +5,10 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, Model
+from toolbox.components import Component, Model, NewStack, git_bump
+from toolbox.errors import UserError
 from toolbox.components.values import (
+    FieldError,
     check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version as _version,
     pinned_is_verified as _pinned_is_verified,
 )
@@ -32,6 +34,43 @@ def _pins(stack):
 def _variables(stack, pin_set):
     stage = "rocm-fetch" if stack.model.rocm.source == "tarball" else "rocm-build"
     return {"rocm_stage": stage, "rocm_layout": TARBALL_LAYOUT}
+
+
+def _checks(model) -> None:
+    if model.platform != "rocm":
+        raise FieldError(("rocm",), "`rocm:` only belongs to platform rocm")
+
+
+def _first_use(stack, pin):
+    """A tarball without its sha256 (AMD publishes none): downloaded once, hashed and recorded; its
+    TheRock manifest must name the rocm-systems commit of the stack's rccl.commit."""
+    rocm = stack.model.rocm
+    if rocm.source != "tarball" or rocm.tarball.sha256 is not None:
+        return []
+    sha = pin.tarball(rocm.tarball.url, rccl_commit=getattr(stack.model.rccl, "commit", None))
+    return [(("rocm", "tarball", "sha256"), sha), (("rocm", "tarball", "unverified"), False)]
+
+
+def _bump(stack, to, tools):
+    """`toolbox bump rocm`: the newest stable (or --to) TheRock tarball for the first GPU target
+    (toolbox.stack.releases.resolve_tarball), downloaded and hashed; a new ROCm 10 minor: a new stack."""
+    path, rocm = tools.path, stack.model.rocm
+    if rocm is None or rocm.source != "tarball":
+        raise UserError(f"{path}: rocm: bump rocm needs a tarball ROCm (use `bump therock` for source)")
+    index = tools.index_url or rocm.tarball.url.rsplit("/", 1)[0] + "/"
+    version, url = tools.tarball(index, stack.model.gpu_targets[0], to)
+    # Within ROCm 10 each minor is a line of its own (torch +rocm10.0.0 vs +rocm10.1.0): its own stack.
+    if version.split(".")[0] == rocm.version.split(".")[0] and version.split(".")[:2] != \
+            rocm.version.split(".")[:2] and int(version.split(".")[0]) >= 10 and stack.model.torch.index_url:
+        return NewStack(tools.new_line(stack, version, url))
+    if version.split(".")[0] != rocm.version.split(".")[0] and stack.model.torch.index_url:
+        # The torch pins name their ROCm (+rocm<version>): a new line needs its own torch
+        # build, and often another index (whl-next/ from 10.0): not something to guess.
+        raise UserError(f"{path}: rocm: {rocm.version} -> {version} changes the ROCm line; torch "
+                        f"{stack.model.torch.torch} is built for the old one: start from a stack of that line "
+                        "(e.g. gfx1151-rocm10.0, `toolbox stacks`) or set rocm and torch together")
+    return {"rocm.version": version, "rocm.tarball.url": url, "rocm.tarball.sha256": tools.sha256_url(url),
+            "rocm.tarball.unverified": False}
 
 
 class Tarball(Model):
@@ -103,4 +142,7 @@ COMPONENT = Component(
     block=Rocm, field=Field(None, description='ROCm (platform rocm only)'),
     applies=lambda s: s.model.rocm is not None, pins=_pins,
     builder="stages/rocm.j2", runtime="runtime/rocm.j2", variables=_variables,
+    exports=lambda s: {"prefix": s.model.rocm.prefix, "version": s.model.rocm.version, "source": s.model.rocm.source,
+                       "stage": _variables(s, None)["rocm_stage"]},
+    first_use_pins=_first_use, bumps={"rocm": _bump, "therock": git_bump("rocm.therock")}, checks=_checks,
 )

@@ -1,13 +1,17 @@
 """PyTorch (+ torchvision, torchaudio) at exact versions from the stack's index."""
 
+import re
 import shlex
 
 from typing import Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, Model
-from toolbox.components.values import check_url as _url, check_version as _version, check_wheel_ref
+from toolbox.components import Component, LockPart, Model, python_version
+from toolbox.errors import UserError
+from toolbox.components.values import (
+    GFX_RE, FieldError, check_url as _url, check_version as _version, check_wheel_ref, covers,
+)
 
 
 def device_extra(stack) -> str:
@@ -70,6 +74,92 @@ def closed_set(stack) -> dict | None:
             "env": {"ROCM_SDK_TARGET_FAMILY": stack.model.gpu_targets[0], "ROCM_BOOTSTRAP_DISABLE_DETECTION": "1"}}
 
 
+def _checks(model) -> None:
+    """On ROCm: the tarball and the index are for the stack's targets, and torch is one exact
+    build of the ROCm line (_one_rocm_line)."""
+    if model.platform != "rocm":
+        return
+    stale = [(name, url) for name, url in (
+        ("rocm.tarball.url", model.rocm.tarball.url if model.rocm.source == "tarball" else None),
+        ("torch.index_url", model.torch.index_url)) if url and not covers(url, model.gpu_targets)]
+    if stale:
+        names = " and ".join(n for n, _ in stale)
+        built = ", ".join(sorted({t for _, u in stale for t in GFX_RE.findall(u)}))
+        raise FieldError(("gpu_targets",), f"{names} {'are' if len(stale) > 1 else 'is'} for {built}, "
+                         f"not gpu_targets {', '.join(model.gpu_targets)}: set {names} for "
+                         f"{', '.join(model.gpu_targets)} too (a tarball URL without its sha256 is "
+                         "pinned on first use)")
+    _one_rocm_line(model)
+
+
+def _one_rocm_line(model) -> None:
+    """From ROCm 10 on, AMD's indexes hold 7.x and 10.x builds side by side, and pip/uv compare
+    local versions as text: +rocm10.0.0 sorts below +rocm7.15.0a... (TheRock
+    docs/packaging/versioning.md, #7183). So a torch pin that is not one exact build of this
+    ROCm line (+rocm<major>.<minor>.<patch>) could install a 7.x wheel into a 10.x image: refused."""
+    major = re.match(r"(\d+)\.(\d+)", model.rocm.version)
+    if not model.torch.index_url or major is None or int(major[1]) < 10:
+        return
+    line = f"{major[1]}.{major[2]}"
+    for key in ("torch", "torchvision", "torchaudio"):
+        v = getattr(model.torch, key)
+        if v is None:
+            continue
+        local = v.partition("+")[2]
+        m = re.fullmatch(r"rocm(\d+)\.(\d+)\.\d+", local)
+        if m and f"{m[1]}.{m[2]}" == line:
+            continue
+        why = "has no local version" if not local else f"names +{local}"
+        raise FieldError(("torch", key), f"{v} {why}: on ROCm {model.rocm.version} pin one exact build of "
+                         f"its line, +rocm{line}.<patch> (a 7.x wheel sorts above a 10.x one as text, so "
+                         "anything looser can install the wrong ROCm line)")
+
+
+def _first_use_index(stack) -> bool:
+    """AMD's wheel index serves torch: only the user's network reaches it, so its pins are not in
+    the checked-in Python lock (first-use there) and its wheels are pinned on first use instead."""
+    return stack.model.platform == "rocm" and bool(stack.model.torch.index_url)
+
+
+def _lock(stack) -> LockPart:
+    t = stack.model.torch
+    first_use = {}
+    if _first_use_index(stack):
+        for r in requirements(stack):
+            how = ("installed by the stack's torch.wheels URL, whose sha256 pip checks"
+                   if r.split("[", 1)[0].split("=", 1)[0] in t.wheels else "installed without a hash check")
+            first_use[r] = f"from {t.index_url}: not reachable when locking; {how}"
+    return LockPart(requirements=() if first_use else tuple(requirements(stack)), first_use=first_use,
+                    index_url=t.index_url, local_wheels="+" in t.torch, first="torch",
+                    hint=f"torch {t.torch} is looked up on {t.index_url}" if t.index_url else "")
+
+
+def _first_use(stack, pin):
+    """AMD-index wheels of torch/torchvision/torchaudio, and the URL-pinned ROCm set's sha256s."""
+    torch, out = stack.model.torch, []
+    if _first_use_index(stack):
+        for name in ("torch", "torchvision", "torchaudio"):
+            version = getattr(torch, name)
+            if version is not None and name not in torch.wheels:
+                out.append((("torch", "wheels", name), pin.wheel(torch.index_url, name, version, python_version(stack))))
+    # The ROCm set pinned by URL whose sha256s no record gives (ROCm 10.1): hashed on first use.
+    for name, ref in sorted(torch.wheels.items()):
+        if "#sha256=" not in ref:
+            out.append((("torch", "wheels", name), f"{ref}#sha256={pin.file(ref, f'torch.wheels.{name}')}"))
+    if torch.unverified and any(path[:2] == ("torch", "wheels") for path, _ in out):
+        out.append((("torch", "unverified"), False))
+    return out
+
+
+def _bump(stack, to, tools):
+    """`toolbox bump torch`: torch, torchvision and torchaudio from the stack's index for its ROCm
+    (toolbox.stack.releases.resolve_torch), with the wheels coupled to them."""
+    index = tools.index_url or stack.model.torch.index_url
+    if stack.model.rocm is None or not index:
+        raise UserError(f"{tools.path}: torch: bump torch needs a ROCm stack with torch.index_url (or --index-url)")
+    return {**tools.wheels(stack, index, to), "torch.unverified": False}
+
+
 def _pins(stack):
     t = stack.model.torch
     pins = {"torch.version": t.torch}
@@ -118,6 +208,10 @@ class Torch(Model):
 COMPONENT = Component("torch", place=30,
                       block=Torch, field=Field(description='PyTorch'),
                       applies=lambda s: True, pins=_pins, runtime="runtime/torch.j2",
+                      lock=_lock, first_use_pins=_first_use, bumps={"torch": _bump}, checks=_checks,
+                      # reqs: what later pip steps repeat to keep torch as it is
+                      exports=lambda s: {"version": s.model.torch.torch, "index_url": s.model.torch.index_url,
+                                         "reqs": [shlex.quote(r) for r in requirements(s)]},
                       # Quoted for the RUN shell: a [device-...] extra is a glob pattern there.
                       # torch_reqs: what later pip steps repeat to keep torch as it is (versions: already
                       # satisfied); torch_install_reqs: what the torch step installs (pinned wheel URLs).

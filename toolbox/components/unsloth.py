@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from toolbox.components import Component, ContextFile, Model
+from toolbox.components import Component, ContextFile, LockPart, Model, git_bump
 from toolbox.components.values import (
     check_commit as _commit, check_sha256 as _sha256, check_url as _url, check_version as _version,
 )
@@ -89,7 +89,7 @@ def _requirements(stack) -> tuple[list[str], list[str]]:
 def _variables(stack, pin_set):
     reqs, wheels = _requirements(stack)
     return {"unsloth_reqs": reqs, "unsloth_wheels": wheels, "unsloth_patches": patches(stack),
-            "unsloth_left_out": left_out(stack), "unsloth_missing_ok": missing_ok(stack)}
+            "unsloth_left_out": left_out(stack)}
 
 
 def _context(stack):
@@ -101,6 +101,14 @@ def _context(stack):
     # .keep: the folder exists even when every patch comes by URL (fetched in the build).
     return script + [ContextFile(f"patches/unsloth/{p['name']}", src=p["src"]) for p in listed if p["src"]] + [
         ContextFile("patches/unsloth/.keep", text="")]
+
+
+def _lock(stack) -> LockPart:
+    """PyPI Unsloth is in the Python lock, less left_out(); a git build's wheels are not."""
+    u = stack.model.unsloth
+    extras = f"[{','.join(sorted(u.extras))}]" if u.extras else ""
+    reqs = (f"unsloth{extras}=={u.version}", f"unsloth-zoo=={u.zoo_version}") if u.source == "pypi" else ()
+    return LockPart(requirements=reqs, left_out=left_out(stack))
 
 
 def _git(stack) -> bool:
@@ -154,5 +162,7 @@ COMPONENT = Component(
     block=Unsloth, field=Field(None, description='Unsloth and unsloth_zoo'),
     applies=lambda s: s.model.unsloth is not None, pins=_pins,
     builder="stages/unsloth.j2", runtime="runtime/unsloth.j2",
-    builds=_git, needs_devel=_git, variables=_variables, context=_context,
+    builds=_git, needs_devel=_git, variables=_variables, context=_context, lock=_lock,
+    exports=lambda s: {"missing_ok": missing_ok(s)},  # what the final pip check may find missing
+    bumps={"unsloth": git_bump("unsloth"), "unsloth_zoo": git_bump("unsloth", "zoo_repo", "zoo_commit", unverified=False)},
 )

@@ -13,8 +13,12 @@ path/url/commit) must name the same rocm-systems commit as the stack's `rccl.com
 built from the sources of the ROCm that torch was built against; an unset (unverified)
 rccl.commit is pinned to it.
 
-`first_use_pins(stack, ...)` returns typed `PinUpdate`s (a field path and its value) that make
-the stack verified; `toolbox.stack.load.with_pins` applies them to the loaded stack.
+`first_use_pins(stack, ...)` asks each active component's `first_use_pins` hook (rocm: the
+tarball; rccl: its commit from the tarball's manifest; torch: AMD-index wheels and URL-pinned
+sha256s; base: the digest, last) with a `Pinner` (this module's fetches and the pins file) and
+returns typed `PinUpdate`s (a field path and its value) that make the stack verified;
+`toolbox.stack.load.load_stack` applies them (a build's `first_use`) before the stack is resolved.
+Nothing here names a component.
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from toolbox import components
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.paths import cache_dir, state_dir
 from toolbox.stack import statefiles, wheel_index
-from toolbox.stack.python_lock import python_version
 
 PINS_FILE = "pins.lock.json"  # the name users have; the word for it is "pins file"
 MANIFEST = "share/therock/therock_manifest.json"
@@ -295,44 +299,43 @@ class PinUpdate:
     value: str | bool
 
 
+class Pinner:
+    """What a component's first-use hook pins with: the pins file, --frozen, the CA bundle and the
+    base image's probe, bound once for the whole stack."""
+
+    manifest = MANIFEST
+
+    def __init__(self, pins_file: PinsFile, frozen: bool, ca_bundle: Path | None, probe: Probe):
+        self.pins_file, self.frozen, self.ca_bundle, self.probe = pins_file, frozen, ca_bundle, probe
+
+    def tarball(self, url: str, rccl_commit: str | None) -> str:
+        return pin_tarball(url, rccl_commit=rccl_commit, pins_file=self.pins_file, frozen=self.frozen,
+                           ca_bundle=self.ca_bundle)
+
+    def file(self, url: str, field: str) -> str:
+        return pin_file(url, field, pins_file=self.pins_file, frozen=self.frozen, ca_bundle=self.ca_bundle)
+
+    def wheel(self, index_url: str, name: str, version: str, python: str) -> str:
+        return pin_wheel(index_url, name, version, python, pins_file=self.pins_file, frozen=self.frozen,
+                         ca_bundle=self.ca_bundle)
+
+    def image(self, ref: str) -> str:
+        return pin_image(ref, pins_file=self.pins_file, frozen=self.frozen, probe=self.probe)
+
+    def recorded(self, url: str) -> dict:
+        """The pins file's entry of a file (empty: none)."""
+        return self.pins_file.file(url) or {}
+
+    @staticmethod
+    def loud(msg: str) -> None:
+        _loud(msg)
+
+
 def first_use_pins(stack, *, frozen: bool = False, engine: str = "podman",
                    ca_bundle: Path | None = None, pins_file: PinsFile | None = None,
                    probe: Probe | None = None) -> list[PinUpdate]:
-    """The updates pinning the stack's unverified tarball, AMD-index wheels and base digest
-    (fetching on first use)."""
-    pins_file = pins_file or PinsFile()
-    out: list[PinUpdate] = []
-    rocm = stack.model.rocm
-    if rocm is not None and rocm.source == "tarball" and rocm.tarball.sha256 is None:
-        rccl = stack.model.rccl
-        sha = pin_tarball(rocm.tarball.url, rccl_commit=getattr(rccl, "commit", None), pins_file=pins_file,
-                          frozen=frozen, ca_bundle=ca_bundle)
-        out += [PinUpdate(("rocm", "tarball", "sha256"), sha), PinUpdate(("rocm", "tarball", "unverified"), False)]
-        commit = (pins_file.file(rocm.tarball.url) or {}).get("rocm_systems_commit")
-        if rccl is not None and rccl.commit is None and commit:
-            # No public record names this release's RCCL commit (ROCm 10.1): its own manifest does.
-            _loud(f"rccl.commit {commit}: the rocm-systems commit {MANIFEST} of {rocm.tarball.url} names")
-            out += [PinUpdate(("rccl", "commit"), commit), PinUpdate(("rccl", "unverified"), False)]
-    torch = stack.model.torch
-    if torch is not None and stack.model.platform == "rocm" and torch.index_url:
-        # AMD's wheel index: only the user's network reaches it, so its wheels are not in the
-        # checked-in Python lock (toolbox.stack.python_lock's first-use list); pinned here instead.
-        for name in ("torch", "torchvision", "torchaudio"):
-            version = getattr(torch, name)
-            if version is not None and name not in torch.wheels:
-                ref = pin_wheel(torch.index_url, name, version, python_version(stack), pins_file=pins_file,
-                                frozen=frozen, ca_bundle=ca_bundle)
-                out.append(PinUpdate(("torch", "wheels", name), ref))
-    if torch is not None:
-        # The ROCm set pinned by URL whose sha256s no record gives (ROCm 10.1): hashed on first use.
-        for name, ref in sorted(torch.wheels.items()):
-            if "#sha256=" not in ref:
-                sha = pin_file(ref, f"torch.wheels.{name}", pins_file=pins_file, frozen=frozen, ca_bundle=ca_bundle)
-                out.append(PinUpdate(("torch", "wheels", name), f"{ref}#sha256={sha}"))
-        if torch.unverified and any(u.path[:2] == ("torch", "wheels") for u in out):
-            out.append(PinUpdate(("torch", "unverified"), False))
-    base = stack.model.base
-    if base.digest is None and base.unverified:
-        digest = pin_image(base.image, pins_file=pins_file, frozen=frozen, probe=probe or engine_digest(engine))
-        out += [PinUpdate(("base", "digest"), digest), PinUpdate(("base", "unverified"), False)]
-    return out
+    """The updates pinning what the stack's components leave unpinned (fetching on first use), in
+    the components' pin order."""
+    pinner = Pinner(pins_file or PinsFile(), frozen, ca_bundle, probe or engine_digest(engine))
+    return [PinUpdate(tuple(path), value) for comp in components.pinners(stack)
+            for path, value in comp.first_use_pins(stack, pinner)]

@@ -18,6 +18,11 @@ resolution and named under `# first-use:` in the lock; what a stack builds from 
 bitsandbytes on ROCm) is not in it either: their steps install them, and what they pull in,
 without hashes. PyPI Unsloth on ROCm is in it, less what its wheels require that the image takes
 elsewhere (`# left out:`: the ROCm torch's triton, CUDA-only xformers, a git-built bitsandbytes).
+
+Each active component says what it adds through its `lock` hook (toolbox.components.LockPart):
+its requirements, what is first-use or left out, the extra index, the part of the lock its own
+image step installs first (torch's) and the one that is a layer of its own (ray's). Nothing here
+names a component.
 """
 
 from __future__ import annotations
@@ -32,14 +37,13 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolbox import components
 from toolbox.errors import ToolError, UserError
 from toolbox.files import atomic_write
 from toolbox.paths import PROJECT_ROOT, STACKS_DIR, state_dir
 from toolbox.stack import statefiles
 
 PLATFORM = "x86_64-manylinux_2_28"
-# The interpreter the image's /opt/venv is made with: Debian bookworm's python3 is 3.11.
-DEBIAN_PYTHON = {"bookworm": "3.11", "bookworm-slim": "3.11", "trixie": "3.13", "trixie-slim": "3.13"}
 INPUTS_RE = re.compile(r"^# inputs: ([0-9a-f]{64})$", re.M)
 TORCH_INPUTS_RE = re.compile(r"^# torch inputs: ([0-9a-f]{64})$", re.M)
 
@@ -55,17 +59,8 @@ def user_lock_path(stack) -> Path:
 
 
 def python_version(stack) -> str:
-    base = stack.model.base
-    if base.family == "debian":
-        tag = base.image.rsplit(":", 1)[-1]
-        if tag not in DEBIAN_PYTHON:
-            raise UserError(f"{stack.origin.where(('base', 'image'))}: base.image: which Python does {base.image} "
-                            f"carry? known Debian tags: {', '.join(DEBIAN_PYTHON)}")
-        return DEBIAN_PYTHON[tag]
-    m = re.fullmatch(r"python(3\.\d+)", base.python)
-    if not m:
-        raise UserError(f"toolbox lock: base.python {base.python!r} names no version (python3.X)")
-    return m.group(1)
+    """The image's Python ("3.12"), from the component that knows it (the base's `interpreter`)."""
+    return components.python_version(stack)
 
 
 def _entrypoint_deps() -> list[str]:
@@ -74,56 +69,52 @@ def _entrypoint_deps() -> list[str]:
     return list(doc["project"]["dependencies"])
 
 
-def first_use(stack) -> list[str]:
-    """torch's pins where AMD's index serves them: only the user's network reaches it."""
-    from toolbox.components import torch
+def _first_use_notes(stack) -> dict[str, str]:
+    return {r: note for part in components.lock_parts(stack) for r, note in part.first_use.items()}
 
-    m = stack.model
-    return torch.requirements(stack) if m.platform == "rocm" and m.torch.index_url else []
+
+def first_use(stack) -> list[str]:
+    """Pins an index serves that only the user's network reaches (AMD's torch wheels): left out."""
+    return list(_first_use_notes(stack))
 
 
 def left_out(stack) -> dict[str, str]:
-    """What PyPI Unsloth requires that a ROCm image takes elsewhere (toolbox.components.unsloth):
+    """What a component's wheels require that the image takes elsewhere (PyPI Unsloth's on ROCm):
     left out of the resolution, as first_use() is, and named in the lock's header."""
-    from toolbox.components import unsloth
+    return dict(sorted((n, why) for part in components.lock_parts(stack) for n, why in part.left_out.items()))
 
-    return unsloth.left_out(stack)
+
+def _index(stack) -> str | None:
+    """The extra index the resolution asks (torch's), if a component names one."""
+    return next((p.index_url for p in components.lock_parts(stack) if p.index_url), None)
+
+
+def _first(stack) -> components.LockPart | None:
+    """The part whose closure the image installs first, from its own part of the lock (torch's)."""
+    return next((p for p in components.lock_parts(stack) if p.first), None)
 
 
 def requirements(stack) -> list[str]:
-    """torch's (unless first-use), the HF stack's, PyPI Unsloth's and PyPI bitsandbytes' pins,
-    llama.cpp's converter's sentencepiece, plus what the entrypoints declare."""
-    from toolbox.components import hf, torch
-
-    pinned = ([] if first_use(stack) else torch.requirements(stack)) + hf.requirements(stack)
-    u = stack.model.unsloth
-    if u is not None and u.source == "pypi":
-        extras = f"[{','.join(sorted(u.extras))}]" if u.extras else ""
-        pinned += [f"unsloth{extras}=={u.version}", f"unsloth-zoo=={u.zoo_version}"]
-    b = stack.model.bitsandbytes
-    if b is not None and stack.model.platform == "rocm" and b.source == "pypi":
-        pinned.append(f"bitsandbytes=={b.version}")
-    lc = getattr(stack.model, "llama_cpp", None)
-    if lc is not None and lc.sentencepiece:
-        pinned.append(f"sentencepiece=={lc.sentencepiece}")  # llama.cpp's converter imports it
-    if stack.model.ray is not None:
-        pinned.append(f"ray[train]=={stack.model.ray.version}")  # its own layer: see only()
+    """Every component's lock requirements (torch's unless first-use, the HF stack's, PyPI
+    Unsloth's and bitsandbytes', llama.cpp's converter's sentencepiece, ray's), plus what the
+    entrypoints declare."""
+    pinned = [r for part in components.lock_parts(stack) for r in part.requirements]
     names = {re.split(r"[\[=<>!~ ]", r, maxsplit=1)[0].lower() for r in pinned}
     extra = [d for d in _entrypoint_deps() if re.split(r"[\[=<>!~ ]", d, maxsplit=1)[0].lower() not in names]
     return sorted(pinned + extra)
 
 
 def inputs_digest(stack, part: str = "all") -> str:
-    """What the lock (part "all") or its torch part (part "torch": torch's own pins) was made from."""
-    from toolbox.components import torch
-
+    """What the lock (part "all") or its first part (any other: the pins of the component whose
+    closure the image installs first, torch's) was made from."""
     if part == "all":
         reqs = requirements(stack) + [f"first-use {r}" for r in first_use(stack)]
         reqs += [f"left-out {n}" for n in left_out(stack)]
     else:
-        reqs = [] if first_use(stack) else torch.requirements(stack)
+        first = _first(stack)
+        reqs = [] if first is None else list(first.requirements)
     blob = "\n".join([*reqs, f"platform={PLATFORM}", f"python={python_version(stack)}",
-                      f"index={stack.model.torch.index_url or ''}"])
+                      f"index={_index(stack) or ''}"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -163,8 +154,8 @@ def _holds_pins(stack, path: Path, lock: statefiles.PythonLock) -> None:
 def _matches(stack, part: str) -> Path | None:
     """The checked-in lock, else the user's lock of this pin set, made from these inputs; a
     damaged one is refused (toolbox.stack.statefiles), not read as "made for other pins"."""
-    if part == "torch" and first_use(stack):
-        return None  # no torch part: AMD's wheels are not in the lock
+    if part != "all" and (first_use(stack) or _first(stack) is None):
+        return None  # no first part: AMD's wheels are not in the lock
     for p in (lock_path(stack), user_lock_path(stack)):
         if p.exists() or p.is_symlink():
             _, lock = statefiles.load_lock(p, lock_command(stack))
@@ -181,9 +172,9 @@ def current(stack) -> Path | None:
 
 
 def torch_current(stack) -> Path | None:
-    """The lock when at least its torch part still holds (only later pins, e.g. hf.*, moved):
-    the torch step stays locked, and its cached layer stays valid."""
-    return _matches(stack, "torch")
+    """The lock when at least its first part (torch's) still holds (only later pins, e.g. hf.*,
+    moved): the torch step stays locked, and its cached layer stays valid."""
+    return _matches(stack, "first")
 
 
 @dataclass(frozen=True)
@@ -191,7 +182,8 @@ class LockState:
     """The stack's Python lock as a build uses it, read once per resolved stack (stack.load sets it
     as `stack.python_lock`): the lock made from the stack's pins and the one whose torch part still
     holds (None: none), the texts the image's pip steps install (components.pylock puts them in the
-    build context: the torch part, the rest less what only ray pulls in, ray's part), and the pin."""
+    build context: the first part (torch's), the rest less what the own-layer part pulls in alone,
+    that part (ray's)), and the pin."""
 
     whole: Path | None
     torch: Path | None
@@ -203,14 +195,17 @@ class LockState:
 
 def state(stack) -> LockState:
     """The stack's LockState, from the lock files as they are now."""
+    first = _first(stack)
+    own = next((p.own_layer for p in components.lock_parts(stack) if p.own_layer), None)
     torch_lock, whole = torch_current(stack), current(stack)
-    torch_part = split(torch_lock.read_text(encoding="utf-8"))[0] if torch_lock else None
+    torch_part = split(torch_lock.read_text(encoding="utf-8"), first.first)[0] if torch_lock else None
     everything = ray = digest = None
     if whole:
         text = whole.read_text(encoding="utf-8")
-        ray_only = only(text, "ray") if stack.model.ray is not None else set()
-        everything = split(text, keep=lambda n: n not in ray_only)[1]
-        ray = split(text, keep=lambda n: n in ray_only)[1] if stack.model.ray is not None else None
+        root = first.first if first else ""
+        ray_only = only(text, own) if own else set()
+        everything = split(text, root, keep=lambda n: n not in ray_only)[1]
+        ray = split(text, root, keep=lambda n: n in ray_only)[1] if own else None
         digest = content_digest(whole)
     return LockState(whole, torch_lock, torch_part or None, everything, ray, digest)
 
@@ -304,17 +299,19 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
     uv = uv or shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
     if not Path(uv).exists() and not shutil.which(uv):
         raise ToolError("toolbox lock needs uv: pip install 'strix-toolbox[lock]' (or pip install uv)")
-    if "+" not in stack.model.torch.torch:
-        # A plain version (cuda's 2.13.0) is PyPI's wheel; a local +cpu wheel must not stand in for it.
+    parts = components.lock_parts(stack)
+    if not all(p.local_wheels for p in parts):
+        # A plain version (cuda's torch 2.13.0) is PyPI's wheel; a local +cpu wheel must not stand in for it.
         find_links = []
     reqs = requirements(stack)
     py = python_version(stack)
     cmd = [uv, "pip", "compile", "-", "--python-platform", PLATFORM, "--python-version", py,
            "--generate-hashes", "--no-header", "--quiet", "--annotation-style=split"]
-    # As the image's pip.sh: a torch wheel in the find-links wins, and its index is not asked.
-    local_torch = any(any(Path(d).glob("torch-*.whl")) for d in find_links)
-    if stack.model.torch.index_url and not local_torch:
-        cmd += ["--extra-index-url", stack.model.torch.index_url, "--index-strategy", "unsafe-best-match"]
+    # As the image's pip.sh: a wheel of the first part (torch) in the find-links wins, and its index is not asked.
+    first, index = _first(stack), _index(stack)
+    local_first = first is not None and any(any(Path(d).glob(f"{first.first}-*.whl")) for d in find_links)
+    if index and not local_first:
+        cmd += ["--extra-index-url", index, "--index-strategy", "unsafe-best-match"]
     for d in find_links:
         cmd += ["--find-links", str(d)]
     if upgrade:
@@ -332,21 +329,18 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
         lines = [line.strip() for line in cp.stderr.strip().splitlines()]
         why = "; ".join(dict.fromkeys(lines[:3] + lines[-1:]))[:600]  # what failed, where, and why
         hint = ""
-        if stack.model.torch.index_url and not local_torch and not first_use(stack):
-            hint = (f" (torch {stack.model.torch.torch} is looked up on {stack.model.torch.index_url}; where that is not "
-                    "reachable, --find-links DIR with its wheel)")
+        said = "; ".join(p.hint for p in parts if p.hint and p.index_url)
+        if index and not local_first and not first_use(stack) and said:
+            hint = f" ({said}; where that is not reachable, --find-links DIR with its wheel)"
         raise ToolError(f"uv pip compile failed for stack {stack.model.name}: {why}{hint}")
     body = cp.stdout.replace("# via -r -", "# via (stack)").replace("#   -r -", "#   (stack)")
     header = (f"# The whole Python set of the {stack.model.name} image, for {PLATFORM} / Python {py}.\n"
               f"# Written by `toolbox lock --stack {stack.model.name}` (uv pip compile --generate-hashes);\n"
               "# the image installs it with pip --require-hashes. Do not edit: re-run toolbox lock / toolbox bump.\n"
               f"# inputs: {inputs_digest(stack)}\n"
-              f"# torch inputs: {inputs_digest(stack, 'torch')}\n")
-    for r in first_use(stack):
-        name = re.split(r"[\[=]", r, maxsplit=1)[0]
-        how = ("installed by the stack's torch.wheels URL, whose sha256 pip checks" if name in stack.model.torch.wheels
-               else "installed without a hash check")
-        header += f"# first-use: {r} from {stack.model.torch.index_url}: not reachable when locking; {how}\n"
+              f"# torch inputs: {inputs_digest(stack, 'first')}\n")
+    for r, note in _first_use_notes(stack).items():
+        header += f"# first-use: {r} {note}\n"
     for name, why in left_out(stack).items():
         header += f"# left out: {name}, which PyPI Unsloth requires: {why}\n"
     out = user_lock_path(stack) if user else lock_path(stack)

@@ -23,7 +23,7 @@ class Stack:
     """A validated stack and what is derived from it: patch files (checked), the digest
     (`pin_set`: the pins and their digest, set by load_stack once the components' pins are known)."""
 
-    pin_set: "PinSet"
+    pin_set: "PinSet | None"  # None until toolbox.stack.load.resolve collects the pins
     python_lock: Any  # toolbox.stack.python_lock.LockState, set by load_stack (not imported: python_lock names components)
 
     def __init__(self, model: StackModel, source: Path, origin: Origin, raw: dict,
@@ -32,6 +32,7 @@ class Stack:
         self.source = source
         self.origin = origin
         self.raw = raw  # the merged YAML before validation: pin updates apply to it, not to the files
+        self.pin_set = None
         if derived_from is None:
             self.rccl_series: Series | None = self._rccl_series()
             self.unsloth_patches = self._unsloth_patch_files()

@@ -64,6 +64,11 @@ def field_lines(path: Path) -> dict[tuple, int]:
     return {k: line for k, (_, line) in origin.lines.items() if line is not None}
 
 
+def writes(path: Path, dotted: str) -> bool:
+    """Whether this one file writes the field `a.b.c` (not only inherits it)."""
+    return tuple(dotted.split(".")) in field_lines(path)
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for k, v in over.items():

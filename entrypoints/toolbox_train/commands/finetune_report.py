@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from toolbox_train.disk import atomic_write
-from toolbox_train.runs.folder import METRICS, SUMMARY, human_size
+from toolbox_train.runs.folder import METRICS, SUMMARY
+from toolbox_train.sizes import human_size
 
 
 def loss_plot(out: Path, rows: list[dict], evals: list[dict]) -> str | None:

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from toolbox_train import sizes
 from toolbox_train.contract import UserError, command_parser, new_names, renamed, run_command
 from toolbox_train.disk import atomic_write
 
@@ -40,8 +41,6 @@ BUS_FACTOR = {
 }
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int32")
 RCCL_TESTS_DIRS = ("/opt/rccl/bin",)
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
 
 class CheckError(UserError):
@@ -49,21 +48,18 @@ class CheckError(UserError):
 
 
 def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise CheckError(f"size {text!r}: expected a number with an optional K/M/G suffix, e.g. 64K")
-    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    """A size as rccl-tests read one: K/M/G (KB, KiB, ...) binary."""
+    try:
+        value = sizes.parse_size(text, decimal=False)
+    except ValueError:
+        raise CheckError(f"size {text!r}: expected a number with an optional K/M/G suffix, e.g. 64K") from None
     if value <= 0:
         raise CheckError(f"size {text!r} must be positive")
     return value
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}".replace(".0 ", " ")
-        n /= 1024
-    return str(n)
+    return sizes.human_size(n).replace(".0 ", " ")
 
 
 def size_list(args) -> list[int]:

@@ -24,7 +24,8 @@ from toolbox_train.export import card, llamacpp, projector
 from toolbox_train.contract import ToolError, UserError, command_parser, run_command
 from toolbox_train.disk import publish_folder
 from toolbox_train.guards import check_path
-from toolbox_train.runs.folder import RunModel, find_finished, human_size, loading
+from toolbox_train.runs.folder import RunModel, find_finished, loading
+from toolbox_train.sizes import human_size
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STAGING_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}  # lossless into the GGUF type

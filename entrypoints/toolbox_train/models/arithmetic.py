@@ -16,11 +16,11 @@ Liger's fused linear cross-entropy, Unsloth's loss): no full logits.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from toolbox_train.models.families import LORA_ALL_LINEAR, family
+from toolbox_train.sizes import parse_size  # noqa: F401 (re-exported: the memory plan's device sizes)
 from toolbox_train.models.tower import Tower, tower as vision_tower
 
 GiB = 2**30
@@ -59,16 +59,6 @@ def moe_experts(cfg: Mapping[str, Any] | Any) -> int:
     d = cfg if isinstance(cfg, Mapping) else cfg.to_dict()
     text = d.get("text_config") or d
     return text.get("num_local_experts") or text.get("num_experts") or 0
-
-
-def parse_size(text: str) -> int:
-    """'128GiB', '128G' (binary), '137GB' (decimal), '1.5TiB', or plain bytes -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)(B?)\s*", str(text), re.IGNORECASE)
-    if not m or (m.group(3) and not m.group(2)):
-        raise ValueError(f"{text!r}: expected a size like 128GiB, 96GB or 64G")
-    num, unit = float(m.group(1)), m.group(2).upper()
-    decimal = bool(m.group(4)) and not m.group(3)  # GB: 10^9; GiB and bare G: 2^30
-    return int(num * (1000 if decimal else 1024) ** ("KMGT".find(unit) + 1)) if unit else int(num)
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,6 @@ METRICS = "metrics.jsonl"  # one JSON line per logged optimizer step (trainer.Me
 SUMMARY = "summary.json"  # the end of the run (finetune.summarize): a finished run has one
 
 
-def human_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 def _safetensors(folder: Path) -> list[Path]:
     idx = folder / WEIGHTS_INDEX
     if idx.is_file():
