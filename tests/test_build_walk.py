@@ -18,7 +18,7 @@ import collections
 
 import pytest
 
-from helpers.walk import stays, walk
+from helpers.walk import count_calls, stays, walk
 
 DATA = {"toolbox.stack.resolved", "toolbox.stack.model"}
 
@@ -71,19 +71,7 @@ def count_resolves(monkeypatch, argv: list[str]) -> tuple[int, collections.Count
     from toolbox import cli, components
     from toolbox.stack import digest, python_lock
 
-    seen: collections.Counter = collections.Counter()
-
-    def counted(module, name):
-        real = getattr(module, name)
-
-        def call(*a, **kw):
-            seen[name] += 1
-            return real(*a, **kw)
-
-        monkeypatch.setattr(module, name, call)
-
-    for module, name in ((python_lock, "state"), (components, "pins"), (digest, "compute")):
-        counted(module, name)
+    seen = count_calls(monkeypatch, (python_lock, "state"), (components, "pins"), (digest, "compute"))
     return cli.main(argv), seen
 
 

@@ -102,3 +102,22 @@ def stays(visits: list[tuple[str, str]]) -> list[str]:
         if not out or out[-1] != mod:
             out.append(mod)
     return out
+
+
+def count_calls(monkeypatch, *targets) -> collections.Counter:
+    """Each (module, name) in `targets` replaced (monkeypatch) by a wrapper counting its calls under
+    `name` in the returned Counter, then calling the real one."""
+    seen: collections.Counter = collections.Counter()
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def call(*a, **kw):
+            seen[name] += 1
+            return real(*a, **kw)
+
+        monkeypatch.setattr(module, name, call)
+
+    for module, name in targets:
+        counted(module, name)
+    return seen

@@ -17,7 +17,7 @@ import pytest
 
 from helpers import pref
 from helpers.tiny import write_dataset, write_train_config
-from helpers.walk import stays, walk
+from helpers.walk import count_calls, stays, walk
 from toolbox_train.commands import finetune
 
 # the data path, in its order: config -> resolved run -> rows -> model -> trainer -> report
@@ -68,19 +68,7 @@ def test_grpo_picks_its_sampler_once_and_loads_its_rewards_once(tmp_path, tiny_m
     from toolbox_train.generation import sampler
     from toolbox_train.planning import rewards
 
-    calls = collections.Counter()
-
-    def counted(mod, name):
-        fn = getattr(mod, name)
-
-        def wrapper(*a, **k):
-            calls[name] += 1
-            return fn(*a, **k)
-
-        monkeypatch.setattr(mod, name, wrapper)
-
-    counted(sampler, "pick")
-    counted(rewards, "resolve")
+    calls = count_calls(monkeypatch, (sampler, "pick"), (rewards, "resolve"))
     mark = tmp_path / "imported"
     (tmp_path / "myrewards.py").write_text(
         f"open({str(mark)!r}, 'a').write('x')\n\n"
