@@ -193,18 +193,18 @@ def kv_cache_bytes(shape, sequences: int, tokens: int, dtype_bytes: int) -> floa
 def memory(cfg, extras: dict, st, shape, world: int, completion_tokens: int, per_generation: int | None) -> tuple:
     """The unit's memory: the KV cache of the completions each device generates at once (TRL's generation
     batch: per_device_batch_size x `per_generation` (None: the accumulation), each prompt + completion
-    long), and the banner's note of the sampler."""
+    long), the merged LoRA weights where it generates on them, and the banner's note of the sampler."""
     sampler = extras["sampler"]
     said = f"sampler {sampler} ({extras['sampler_why']})"
     if sampler == "vllm-colocate":  # vLLM's own share of memory, not a cache the planner sizes
         return st, said
+    dtype_bytes = 4 if st.precision == "fp32" else 2
     if extras.get("sampler_merged"):  # the merged copies of the adapted weights, kept for the whole run
-        merged = shape.targeted_params(st.lora_targets, dense_only=True) * (4 if st.precision == "fp32" else 2)
+        merged = shape.targeted_params(st.lora_targets, dense_only=True) * dtype_bytes
         st = dataclasses.replace(st, sampler_merged=float(merged))
         said += f", LoRA merged for generation ({merged / 2**30:.2f} GiB of merged weights)"
     t = cfg.train
     accum = t.batch_size // (world * st.batch) if t.batch_size else t.gradient_accumulation_steps
     seqs = st.batch * (per_generation or max(1, accum))
-    kv = kv_cache_bytes(shape, seqs, cfg.data.max_seq_length + completion_tokens,
-                        4 if st.precision == "fp32" else 2)
+    kv = kv_cache_bytes(shape, seqs, cfg.data.max_seq_length + completion_tokens, dtype_bytes)
     return dataclasses.replace(st, sampler_kv=kv, sampler_kv_resident=sampler == "transformers-static"), said

@@ -45,11 +45,9 @@ class MergedLora:
     tensors every generation, so a compiled decoding keeps its guards."""
 
     def _generate_single_turn(self, *args, **kw):
-        from contextlib import ExitStack
-
-        with ExitStack() as stack:
-            if not self.use_vllm:
-                stack.enter_context(merged_lora(self))
+        if self.use_vllm:
+            return super()._generate_single_turn(*args, **kw)
+        with merged_lora(self):
             return super()._generate_single_turn(*args, **kw)
 
 
