@@ -95,7 +95,7 @@ def test_a_run_trains_the_same_adapter_merged_or_not(tmp_path, tiny_model):
     for merge in (True, False):
         out = tmp_path / f"out-{merge}"
         cfg = write_train_config(tmp_path / f"{merge}.yaml", tiny_model, prompts, out,
-                                 **{**GRPO, "train.max_steps": 3, "grpo.merge_lora": merge})
+                                 **{**GRPO, "train.max_steps": 3, "train.learning_rate": 0.2, "grpo.merge_lora": merge})
         assert finetune.main(["--config", str(cfg)]) == 0
         adapters[merge] = load_file(str(next(out.rglob("adapter_model.safetensors"))))
     assert adapters[True].keys() == adapters[False].keys()
@@ -103,7 +103,9 @@ def test_a_run_trains_the_same_adapter_merged_or_not(tmp_path, tiny_model):
     for k, v in adapters[True].items():
         assert (v == adapters[False][k]).all(), k
         changed += bool(v.abs().sum())
-    assert changed  # B moved off zero: the later steps generated with a non-zero adapter
+    # B moved off zero: the later steps generated with a non-zero adapter (at this learning rate far enough
+    # to change what is sampled: a merge left at step 0's adapter trains another adapter, checked by hand)
+    assert changed
 
 
 def test_plan_counts_the_merged_weights(tmp_path, tiny_model, capsys):
