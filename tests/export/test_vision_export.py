@@ -176,6 +176,7 @@ def test_evaluate_refuses_llama_runtime_for_a_vision_run(vision_run, tmp_path, c
     from toolbox_train.export import evaluate
 
     _, run = vision_run("gemma3")
+    capsys.readouterr()  # the session fixture's training output, when this test is the first to ask for it
     assert evaluate.main(["--run", str(run), "--runtime", "llama", "--data", str(tmp_path / "x.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--runtime llama: llama-perplexity scores text only" in err[0], err
