@@ -14,7 +14,8 @@ Every row: LoRA r16 (alpha 32, no dropout) on the language model's linear layers
 gradient checkpointing, constant learning rate, lengths padded to 64 (PAD), 4 steps then 16 timed; its own process with an empty CUDA
 kernel cache (CUDA_CACHE_PATH), so each pays its first-run kernel builds as a user's first run does.
 SHAPE `tiny*` runs the same code on CPU in seconds (how the script is checked before a device call).
-Rows go to OUT/vision-rows.json and one line each on stdout.
+Rows go to OUT/vision-rows.json and one line each on stdout; models, data and run folders to VR_WORK (default OUT).
+MEMTRACE=1 adds each Trainer row's peak of steps 1-2 by allocation site (`peak_sites`); ROW_TIMEOUT bounds a row.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ class Clock:
 
     def __init__(self):
         self.toks, self.t0, self.t1, self.mem_at_start, self.param_bytes = [], None, None, None, {}
-        self.after_step1 = None
+        self.after_step1, self.traced_from, self.memtrace = None, 0, None
 
     def wrap(self, trainer):
         step = trainer.training_step
@@ -173,12 +174,19 @@ class Clock:
         class C(TrainerCallback):
             def on_train_begin(self, args, state, control, model=None, **kw):
                 clock.start(model)
+                if MEMTRACE and torch.cuda.is_available():  # warm-up steps only: the timed ones run untraced
+                    clock.traced_from = torch.cuda.memory_allocated()
+                    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
 
             def on_step_end(self, args, state, control, **kw):
                 if state.global_step in (1, WARMUP, WARMUP + TIMED) and torch.cuda.is_available():
                     torch.cuda.synchronize()
                 if state.global_step == 1 and torch.cuda.is_available():  # what stays (optimizer states) and the peak
                     clock.after_step1 = [round(torch.cuda.memory_allocated() / 2**30, 3), _peak()]
+                if state.global_step == 2 and MEMTRACE and torch.cuda.is_available():
+                    snap = torch.cuda.memory._snapshot()
+                    torch.cuda.memory._record_memory_history(enabled=None)
+                    clock.memtrace = peak_sites(snap["device_traces"][0], clock.traced_from)
                 if state.global_step == WARMUP:
                     clock.t0 = time.perf_counter()
                 if state.global_step == WARMUP + TIMED:
@@ -198,7 +206,55 @@ class Clock:
     def row(self, tokens: int | None = None) -> dict:
         tokens = int(sum(int(t) for t in self.toks)) if tokens is None else tokens
         return {"tokens_per_s": tokens / (self.t1 - self.t0), "timed_tokens": tokens, "mem_at_start_gib":
-                self.mem_at_start, "after_step1_alloc_peak_gib": self.after_step1, "param_gib": {k: round(v / 2**30, 3) for k, v in self.param_bytes.items()}}
+                self.mem_at_start, "after_step1_alloc_peak_gib": self.after_step1, "param_gib": {k: round(v / 2**30, 3) for k, v in self.param_bytes.items()},
+                **({"memtrace": self.memtrace} if self.memtrace else {})}
+
+
+# MEMTRACE=1: the allocations of steps 1-2 recorded (torch.cuda.memory._record_memory_history) and the memory
+# live at their highest point summed by the first frame outside torch: what a peak is made of.
+MEMTRACE = os.environ.get("MEMTRACE") == "1"
+MAX_ENTRIES = 1_000_000
+OWN = ("/torch/", "/contextlib.py", "/functools.py")
+
+
+def _site(frames: list[dict]) -> str:
+    for f in frames:
+        name = f.get("filename", "")
+        if name.endswith(".py") and not any(o in name for o in OWN):
+            short = name.split("site-packages/")[-1].split("entrypoints/")[-1]
+            return f"{short}:{f.get('line')} {f.get('name')}"
+    return "torch"
+
+
+def peak_sites(trace: list[dict], before: int, top: int = 30) -> dict:
+    """The highest point of the traced allocations (on top of `before` bytes allocated when tracing began) and
+    what was live there, summed by allocation site."""
+    cur, best, at = 0, 0, -1
+    freed = ("free_requested", "free_completed")
+    live: dict = {}
+    for i, e in enumerate(trace):  # pass 1: where the peak is
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            cur += e["size"]
+            if cur > best:
+                best, at = cur, i
+        elif e["action"] in freed and e["addr"] in live:
+            cur -= live.pop(e["addr"])
+    live = {}
+    for e in trace[:at + 1]:  # pass 2: what is live there
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] in freed:
+            live.pop(e["addr"], None)
+    sites: dict = {}
+    for e in live.values():
+        k = _site(e.get("frames", []))
+        n, c = sites.get(k, (0, 0))
+        sites[k] = (n + e["size"], c + 1)
+    ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"before_gib": round(before / 2**30, 3), "traced_peak_gib": round((before + best) / 2**30, 3),
+            "events": len(trace), "truncated": len(trace) >= MAX_ENTRIES,
+            "sites": [[k, round(n / 2**30, 4), c] for k, (n, c) in ranked]}
 
 
 def _peak() -> float | None:
@@ -223,6 +279,8 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
                      "lr_scheduler": "constant", "warmup_steps": 0, "precision": precision,
                      "gradient_checkpointing": False, "seed": 0, **extra},
            "output": {"dir": str(out), "save_steps": 0, "progress_bar": False, "save": "adapter"}}
+    if cfg["train"].pop("fused_images", False):
+        fused_image_batches()
     clock = Clock()
     finetune.run(cfg, overwrite=True, callbacks=[clock.callback()])
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -233,6 +291,24 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
             "resolved": {k: resolved.get(k) for k in ("backend", "liger", "lm_head_kernel", "per_device_batch_size")
                          if k in resolved},
             "losses": [round(s["loss"], 4) for s in steps if "loss" in s][:WARMUP + TIMED]}
+
+
+def fused_image_batches() -> None:
+    """The `fused_images=1` variant: finetune's SFT loss on TRL's fused LM head for image batches too (they take
+    the model's own loss, which builds every position's fp32 logits); what a change in objectives/sft would do."""
+    from transformers import Trainer as HFTrainer
+
+    from toolbox_train.objectives.sft import trainer as sft
+    from toolbox_train.training import trainer as core
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if core.fused_head_ok(inputs):
+            if self.deferrable_loss(model, inputs, return_outputs):
+                return self.fused_nll_deferred(model, inputs, num_items_in_batch)
+            return super(sft.ToolboxSFTTrainer, self).compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    sft.ToolboxSFTTrainer.compute_loss = compute_loss
 
 
 def _rows(data: Path) -> list[dict]:
@@ -366,6 +442,7 @@ def one(out: Path, shape: str, path: str) -> dict:
     import torch
 
     precision = "bf16" if torch.cuda.is_available() else "fp32"
+    out = Path(os.environ.get("VR_WORK", out))  # models, data and runs (VR_WORK: kept out of what a device call returns)
     model = make_model(shape, out / f"model-{shape}")
     data = make_data(out / f"data-{shape}" / "train.jsonl", SHAPES[shape][2])
     t0 = time.time()
@@ -390,8 +467,11 @@ def in_process(script: str, out: Path, shape: str, key: str, name: str, log: Pat
     """`script OUT --one SHAPE NAME` in its own process (stderr to `log`): its row, the last line it prints, or
     an error row naming the log."""
     with open(log, "w") as f:
-        r = subprocess.run([sys.executable, script, str(out), "--one", shape, name], stdout=subprocess.PIPE,
-                           stderr=f, text=True, env=env)
+        try:
+            r = subprocess.run([sys.executable, script, str(out), "--one", shape, name], stdout=subprocess.PIPE,
+                               stderr=f, text=True, env=env, timeout=float(os.environ.get("ROW_TIMEOUT", 240)))
+        except subprocess.TimeoutExpired as exc:  # one stuck row must not take the call's other rows with it
+            return {"shape": shape, key: name, "error": f"over {exc.timeout:.0f} s, see {log.name}"}
     if r.returncode == 0 and r.stdout.strip():
         return json.loads(r.stdout.strip().splitlines()[-1])
     return {"shape": shape, key: name, "error": f"exit {r.returncode}, see {log.name}"}
