@@ -1,22 +1,26 @@
 #!/bin/bash
-# Issue 41, GRPO sampler speed: one device call (timeout_s <= 580) on one GPU; carry: [".gpu"] (site.tgz from
-# ../shared/tools/gpu-site.sh). finetune GRPO steps with TRL's default `generate` (grpo.generation: transformers,
-# dynamic cache) against what grpo.generation: auto picks there (transformers-static: static cache, compiled
-# decoding), llama-1b then qwen3-0.6b (bench/shapes.py, random init, bf16), LoRA r16 on every projection, backend
-# hf, 2 prompts x 8 = 16 completions a step, prompts 128 tokens, completions 256 (a random-init model never stops
-# early), gradient accumulation 1, WARMUP 2 + STEPS 4 timed per row, each row its own process, REPEATS rounds
-# with the samplers' order flipped each round (docs/bench/grpo_rows.py --repeats). Rows -> $OUT/grpo/grpo-rows.json
-# after each row (a cut call keeps what ran), logs beside them.
-# GENERATION lists the rows' samplers, each as BACKEND:GENERATION or plain (backend hf); GRPO_RATIO compares each
-# to BASE (default transformers). The Unsloth rows (issue 41's second call):
+# Issues 41 and 46, GRPO sampler speed: one device call (timeout_s <= 580) on one GPU; carry: [".gpu"] (site.tgz from
+# ../shared/tools/gpu-site.sh). finetune GRPO steps on llama-1b (bench/shapes.py, random init, bf16), LoRA r16 on
+# every projection, backend hf, 2 prompts x 8 = 16 completions a step, prompts 128 tokens, completions 256 (a
+# random-init model never stops early), gradient accumulation 1, WARMUP 2 + STEPS 3 timed per row, each row its own
+# process, REPEATS rounds with the samplers' order flipped each round (docs/bench/grpo_rows.py --repeats). Rows ->
+# $OUT/grpo/grpo-rows.json after each row (a cut call keeps what ran), logs beside them.
+# GENERATION lists the rows, each [tools:][BACKEND:]SAMPLER[+nomerge] (backend hf unless named; +nomerge sets
+# grpo.merge_lora: false). The default (issue 46, ~400 s on an H100):
+#   transformers+nomerge  TRL's default: generate's dynamic cache, LoRA unmerged (plain `transformers` merges now)
+#   auto                  static cache + compiled decoding + LoRA merged for generation
+#   auto+nomerge          the same with the LoRA unmerged
+#   tools:auto            a tool-calling row: grpo.tools (add(a, b)), first turn scripted (docs/bench/grpo_tools_row.py)
+# GRPO_RATIO compares each to BASE (default transformers+nomerge); GRPO_TOOLS gives the tool row's logged metrics.
+# Issue 41's rows: GENERATION=transformers,auto SHAPES=llama-1b,qwen3-0.6b BASE=transformers. The Unsloth rows:
 #   GENERATION=unsloth:transformers,unsloth:transformers-static,hf:transformers-static BASE=unsloth:transformers
 #   SHAPES=llama-1b; SITE_TGZ names the site tarball when the call runs from an unpacked code archive.
-# CPU dry run (tiny shape, no site tarball):
-#   DEVICE=cpu SHAPES=tiny-llama PROMPT=16 COMPLETION=16 GENS=4 BATCH=8 WARMUP=1 STEPS=2 REPEATS=1 SITE= \
+# CPU dry run (tiny shape, no site tarball; COMPLETION 200: the tool row's scripted call and result take 158):
+#   DEVICE=cpu SHAPES=tiny-llama PROMPT=16 COMPLETION=200 GENS=4 BATCH=8 WARMUP=1 STEPS=2 REPEATS=1 SITE= \
 #     PY=/work/main/.venv/bin/python OUT=/tmp/grpo-speed bash docs/bench/grpo-speed-call.sh
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DEVICE=${DEVICE:-cuda}
-export WARMUP=${WARMUP:-2} STEPS=${STEPS:-4}
+export WARMUP=${WARMUP:-2} STEPS=${STEPS:-3}
 R=$PWD; PY=${PY:-python3}; SITE=${SITE-/tmp/site}; OUT=${OUT:-/tmp/grpo-speed}; WORK=${WORK:-/tmp/grpo-work}
 [ -n "$SITE" ] && { mkdir -p $SITE; tar -C $SITE -xzf ${SITE_TGZ:-$R/.gpu/site.tgz}; }
 export PYTHONPATH=$R/entrypoints${SITE:+:$SITE}
@@ -25,10 +29,10 @@ date -u
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 $PY -c 'import torch, transformers, trl, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "trl", trl.__version__, "peft", peft.__version__)' 2>&1 | tail -1
 case ${GENERATION:-} in *unsloth:*) $PY -c 'from importlib.metadata import version as v; print("unsloth", v("unsloth"), "unsloth_zoo", v("unsloth_zoo"))' 2>&1 | tail -1 ;; esac
-timeout ${LIMIT:-540} $PY $R/docs/bench/grpo_rows.py $OUT/grpo $WORK --shapes ${SHAPES:-llama-1b,qwen3-0.6b} \
-  --generation ${GENERATION:-transformers,auto} --repeats ${REPEATS:-2}
+timeout ${LIMIT:-520} $PY $R/docs/bench/grpo_rows.py $OUT/grpo $WORK --shapes ${SHAPES:-llama-1b} \
+  --generation ${GENERATION:-transformers+nomerge,auto,auto+nomerge,tools:auto} --repeats ${REPEATS:-1}
 echo "rc $?"
-$PY - "$OUT/grpo/grpo-rows.json" "${BASE:-transformers}" <<'PYEOF'
+$PY - "$OUT/grpo/grpo-rows.json" "${BASE:-transformers+nomerge}" <<'PYEOF'
 import json, statistics, sys
 base_gen = sys.argv[2]
 try:
@@ -41,12 +45,15 @@ for r in rows:
         print(f"GRPO_SPEED {r['shape']} {r['generation']} r{r.get('repeat')}: error {r['error']}")
         continue
     by.setdefault((r["shape"], r["generation"]), []).append(r)
-    print(f"GRPO_SPEED {r['shape']} {r['generation']} r{r['repeat']} ({r['sampler_args']}) on {r['device']}: step "
-          f"{r['step_s_mean']} s, generate {100 * r['generate_share']:.1f}%, {r['generated_tokens_per_s']} gen tok/s, "
-          f"peak {r.get('peak_gib')} GiB")
+    print(f"GRPO_SPEED {r['shape']} {r['generation']} r{r['repeat']} (sampler {r.get('sampler')}, merged "
+          f"{r.get('sampler_merged')}, {r['sampler_args']}) on {r['device']}: step {r['step_s_mean']} s, generate "
+          f"{100 * r['generate_share']:.1f}%, {r['generated_tokens_per_s']} gen tok/s, peak {r.get('peak_gib')} GiB")
+    if "tools" in r:
+        print(f"GRPO_TOOLS {r['shape']} {r['generation']} r{r['repeat']}: prompt {r['settings'].get('prompt_tokens')} "
+              f"tokens, per timed step (means) {r['tools'].get('mean') or r['tools']}")
 for shape, gen in sorted(by):
     base, fast = by.get((shape, base_gen)), by[(shape, gen)]
-    if base and gen != base_gen:
+    if base and gen != base_gen and not gen.startswith("tools:"):  # the tool row's prompts differ
         b = statistics.median(x["step_s_mean"] for x in base)
         f = statistics.median(x["step_s_mean"] for x in fast)
         print(f"GRPO_RATIO {shape}: {base_gen} {b:.3f} s/step, {gen} {f:.3f} s/step = {b / f:.2f}x "

@@ -5,7 +5,11 @@
         [--repeats N]   (issue 41: N rounds, each shape's samplers in alternating order, one process a row)
     python docs/bench/grpo_rows.py OUT WORK --one SHAPE GENERATION   (one row; what the driver runs per process)
 
-A GENERATION may name its backend, BACKEND:GENERATION (unsloth:transformers-static); plain ones run on hf.
+A GENERATION is [tools:][BACKEND:]SAMPLER[+nomerge]: BACKEND (unsloth:transformers-static; plain ones run on
+hf), `+nomerge` sets grpo.merge_lora: false (auto, the default, generates on the LoRA merged into a copy of
+the weights: generation/sampler.py merge; each row records the resolved run's sampler, sampler_merged and
+sampler_merged_why), `tools:` makes it issue 46's tool-calling row (docs/bench/grpo_tools_row.py: grpo.tools,
+the model's first turn scripted, its tool metrics from metrics.jsonl under "tools"). The row keeps the name.
 
 How it is timed: TRL 1.15 wraps its generation in `profiling_context` blocks ("transformers.generate",
 or "vLLM.generate" and "sync_weights" in the vLLM modes) and its `_prepare_inputs` (generation,
@@ -98,21 +102,30 @@ def _data(path: Path, vocab: int, n: int = 256) -> Path:
     return path
 
 
+def parse(generation: str) -> tuple[str, str, bool, bool | None]:
+    """GENERATION -> (backend, sampler, tools row, grpo.merge_lora or None to leave it unset):
+    [tools:][BACKEND:]SAMPLER[+nomerge]."""
+    tools = generation.startswith("tools:")
+    spec, plus, flag = generation.removeprefix("tools:").partition("+")
+    if plus and flag != "nomerge":
+        raise SystemExit(f"GENERATION {generation!r}: the only suffix is +nomerge")
+    backend, _, sampler = spec.rpartition(":")
+    return backend or "hf", sampler, tools, (False if plus else None)
+
+
 def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> dict:
-    backend, _, sampler_name = generation.rpartition(":")
-    backend = backend or "hf"
+    backend, sampler_name, tools, merge_lora = parse(generation)
     from toolbox_train.bench.shapes import LORA_TARGETS
     from toolbox_train.bench.synthetic import build_model_dir
     from toolbox_train.commands import finetune
 
     model_dir = work / f"model-{shape}"
-    if not model_dir.exists():
+    if not tools and not model_dir.exists():
         build_model_dir(shape, model_dir, device=DEVICE)
-    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     data = work / f"prompts-{shape}-{ENV['PROMPT']}.jsonl"
-    if not data.exists():
-        _data(data, vocab)
-    run_dir = work / f"run-{shape}-{backend}-{sampler_name}"
+    if not tools and not data.exists():
+        _data(data, json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    run_dir = work / f"run-{shape}-{generation.replace(':', '-').replace('+', '-')}"
     cfg = {"model": {"path": str(model_dir)}, "objective": "grpo", "method": "lora", "backend": backend,
            "data": {"path": str(data), "max_seq_length": ENV["PROMPT"] + 8},
            "grpo": {"num_generations": ENV["GENS"], "max_completion_length": ENV["COMPLETION"],
@@ -122,11 +135,22 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
                      "precision": "bf16" if DEVICE == "cuda" else "fp32", "lr_scheduler": "constant", "seed": 0},
            "output": {"dir": str(run_dir), "save_steps": 0, "logging_steps": 1, "progress_bar": False}}
     cfg["grpo"]["generation"] = sampler_name  # named even for transformers: the default is auto since issue 41
+    if merge_lora is not None:  # left out otherwise: a code tree older than the key still runs the plain rows
+        cfg["grpo"]["merge_lora"] = merge_lora
+    config, prompt_tokens = cfg, ENV["PROMPT"]
+    if tools:  # the user module sits beside the config: written as a file
+        import yaml
+
+        import grpo_tools_row
+
+        cfg, folder, prompt_tokens = grpo_tools_row.setup(work, shape, DEVICE, cfg)
+        config = folder / f"train-{run_dir.name}.yaml"
+        config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     blocks: list = []
     steps: dict = {}
     sampler: dict = {}
     record_trl_timings(blocks)
-    finetune.run(cfg, overwrite=True, callbacks=[step_clock(steps, sampler)])
+    finetune.run(config, overwrite=True, callbacks=[step_clock(steps, sampler)])
     per_step = []
     for s in sorted(steps):
         gen = sum(d for n, st, d in blocks if st == s and n in GENERATE)
@@ -137,15 +161,22 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
     total = sum(r["step_s"] for r in timed)
     gen = sum(r["generate_s"] for r in timed)
     prep = sum(r["prepare_inputs_s"] for r in timed)
+    resolved = _resolved(run_dir) or {}
     row = {"shape": shape, "generation": generation, "sampler_args": sampler, "device": _device_name(),
-           "backend": backend, "settings": dict(ENV, lora_r=16, backend=backend, method="lora"),
+           "backend": backend, "settings": dict(ENV, lora_r=16, backend=backend, method="lora",
+                                                merge_lora=merge_lora, prompt_tokens=prompt_tokens),
+           "sampler": resolved.get("sampler"), "sampler_merged": resolved.get("sampler_merged"),
+           "sampler_merged_why": resolved.get("sampler_merged_why"),
            "timed_steps": len(timed), "step_s_mean": round(total / len(timed), 3),
            "generate_s_mean": round(gen / len(timed), 3), "generate_share": round(gen / total, 3),
            "generation_and_scoring_share": round(prep / total, 3),
+           # decode positions: generate runs max_completion_length new tokens (a random-init model never stops)
            "generated_tokens_per_s": round(ENV["BATCH"] * ENV["COMPLETION"] * len(timed) / gen, 1) if gen else None,
            "blocks_seen": sorted({n for n, _, _ in blocks}), "per_step": per_step,
-           "resolved": _resolved(run_dir),
+           "resolved": resolved or None,
            "versions": _versions()}
+    if tools:
+        row["tools"] = grpo_tools_row.metrics(run_dir, ENV["WARMUP"])
     if DEVICE == "cuda":
         import torch
 
@@ -199,7 +230,7 @@ def main(argv: list[str]) -> int:
     for shape, gen, rep in order:
         cp = subprocess.run([sys.executable, __file__, str(out), str(work), "--one", shape, gen],
                             capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        (out / f"grpo-{shape}-{gen.replace(':', '-')}-r{rep}.log").write_text(cp.stdout + cp.stderr)
+        (out / f"grpo-{shape}-{gen.replace(':', '-').replace('+', '-')}-r{rep}.log").write_text(cp.stdout + cp.stderr)
         row = next((json.loads(x[4:]) for x in cp.stdout.splitlines() if x.startswith("ROW ")),
                    {"shape": shape, "generation": gen,
                     "error": (cp.stderr.strip().splitlines() or ["?"])[-1]})
