@@ -80,6 +80,22 @@ def make_model(shape: str, folder: Path) -> Path:
 
             tf.AutoProcessor.from_pretrained(folder, min_pixels=side * side, max_pixels=side * side).save_pretrained(folder)
         return folder
+    import transformers as tf
+
+    cfg, proc = make_config(shape, folder)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = tf.AutoModelForImageTextToText.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(folder, safe_serialization=True)
+    proc.save_pretrained(folder)
+    return folder
+
+
+def make_config(shape: str, folder: Path):
+    """The shape's config and processor (the tiny model's tokenizer, processor and chat template, widened), the
+    tiny model saved in `folder` with them; what the memory plan reads (tests/train/test_vision_plan.py)."""
+    from tests.helpers import tiny_vision
+
+    family, layers, side, _ = SHAPES[shape]
     tiny_vision.make_tiny_vlm(folder, family)  # tokenizer, processor and chat template at the tiny size
     import transformers as tf
 
@@ -103,11 +119,7 @@ def make_model(shape: str, folder: Path) -> Path:
                         vision_start_token_id=cfg.vision_start_token_id, vision_end_token_id=cfg.vision_end_token_id)
         proc = tf.AutoProcessor.from_pretrained(folder, min_pixels=side * side, max_pixels=side * side)
         proc.image_processor.patch_size = vision["patch_size"]  # the tiny processor's is 14: Qwen3-VL's tower takes 16
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = tf.AutoModelForImageTextToText.from_config(cfg, dtype=torch.bfloat16)
-    model.save_pretrained(folder, safe_serialization=True)
-    proc.save_pretrained(folder)
-    return folder
+    return cfg, proc
 
 
 def make_data(path: Path, side: int) -> Path:
