@@ -45,6 +45,11 @@ CAL = {
     # bf16 log-probabilities (2), the chosen half's NLL log-softmax (1), the logits' bf16 gradient (2) and the
     # chosen half's log-softmax gradient (1). llama-1b LoRA, H200, 2026-12-06: 26.6 GiB measured
     "logits_bytes": 8.0,
+    # Unsloth builds a frozen vision tower's graph (each block's activations were live at its peak) and keeps this
+    # share of what a training tower's blocks keep (models/tower.py): the factor that puts the plan on the
+    # measured peak is 0.63 on gemma3-4b-4l (SigLIP, 4 x 896 px) and 0.52 on qwen2.5-vl-7b-4l (4 x 448 px), H100,
+    # 2026-12-07 (docs/bench/2026-12-07-h100-vision2); one factor for both
+    "unsloth_frozen_tower": 0.58,
 }
 TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK = 4096, 32768  # trl/kernels/chunked_logprob.py (TRL 1.15)
 def expert_targets(model_type: str, targets: tuple[str, ...] | list[str] | str = "all-linear") -> list[str]:
@@ -180,7 +185,7 @@ class Setting:
     optimizer: str = "adamw_torch"
     lora_r: int = 16
     lora_targets: tuple[str, ...] | str = "all-linear"
-    head: str = "chunked"  # chunked (TRL/Liger/Unsloth) | full (HF model loss) | logits (ORPO's bf16 logits)
+    head: str = "chunked"  # chunked (TRL/Liger/Unsloth) | full (the model's own loss) | logits (ORPO's bf16 logits)
     world_size: int = 1
     strategy: str = "single"  # single | ddp | fsdp
     unified_memory: bool = False  # APU: host offload takes the same memory
@@ -191,7 +196,7 @@ class Setting:
     sampler_merged: float = 0.0  # bytes of the merged LoRA weights the sampler keeps (generation/trainer.py)
     teacher_bytes: float = 0.0  # a frozen teacher model's weights beside the trained one (held through the step)
     vision_train: tuple[str, ...] = ()  # a vision-language model's vision.train (language, vision, projector)
-    patches_per_row: int = 0  # patches a row's images give the tower (where it trains): one image a row, planned
+    patches_per_row: int = 0  # patches a row's images give the tower (image rows; 0 for text rows)
 
     @property
     def kernels(self) -> str:
@@ -260,8 +265,10 @@ def head_bytes(s: Shape, st: Setting, tokens: int, trainable_head: bool) -> floa
     V, h = s.vocab, s.hidden
     if st.head == "logits":  # the loss reads the model's logits itself (TRL's ORPO): CAL["logits_bytes"]
         return tokens * V * CAL["logits_bytes"] + tokens * h * 2  # + the hidden states' bf16 gradient
-        # bf16 logits (kept by the output) + fp32 log-softmax + two fp32 gradients in backward
-        return tokens * V * (2 + 4 + 4 + 4)
+    if st.head == "full":  # the model's own loss: its logits (kept by the output), their fp32 log-softmax and
+        # the fp32 gradient at the start of backward (Gemma 3 image batches, H100 2026-12-07: two fp32 and
+        # one bf16 [tokens x vocab] tensors live at the peak)
+        return tokens * V * (_bytes(st.precision) + 4 + 4)
     if st.backend == "unsloth":
         return tokens * h * 4  # Unsloth's loss: chunked logits; its fp32 gradient of the hidden states
     # TRL's fused head: one bf16 [4096 x 32768] projection tile, fp32 gradients of the hidden
@@ -280,6 +287,9 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     # -- weights
     if st.method in ("qlora", "lora-8bit"):
         lin = p["layers_linear"]
+        if s.tower is not None and st.backend != "unsloth":  # bitsandbytes quantizes the tower's Linear layers
+            lin += s.tower.linear  # too; Unsloth leaves the tower in 16 bits (H100 2026-12-07: its QLoRA saved the
+            # text layers' share alone, and the HF rows' weights were the tower's quantized)
         per = 0.5 + 1 / 64 + 4 / (64 * 256) if st.method == "qlora" else 1 + 4 / s.hidden
         parts["weights"] = lin * per + (n - lin) * e
     else:
@@ -333,9 +343,11 @@ def estimate(s: Shape, st: Setting) -> Estimate:
     host = 0.0
     # sliding-window layers under HF's sdpa get an explicit bf16 mask [b, 1, s, s], kept once for all
     kept = int8 + (st.batch * st.seq * st.seq * 2 if s.sliding_window and k != "unsloth" else 0)
-    # A training tower keeps its blocks' working sets for backward (a frozen one runs without a graph).
-    tower = s.tower.activation_bytes(st.patches_per_row * st.batch, e, st.gc != "off") \
-        if s.tower is not None and "vision" in st.vision_train else 0
+    # A training tower keeps its blocks' working sets for backward; a frozen one runs without a graph, except
+    # under Unsloth, which keeps part of it (CAL["unsloth_frozen_tower"])
+    tower = s.tower.activation_bytes(st.patches_per_row * st.batch, e, st.gc != "off") if s.tower is not None else 0
+    if "vision" not in st.vision_train:
+        tower *= CAL["unsloth_frozen_tower"] if k == "unsloth" else 0
     if st.gc == "off":
         saved = s.layers * lb + kept
         tail = CAL["bwd_layers"][k] * lb + kept

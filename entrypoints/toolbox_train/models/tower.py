@@ -29,6 +29,7 @@ class Tower:
     params: int  # the tower (blocks, patch and position embeddings; Qwen3-VL's deepstack mergers)
     projector: int  # into the text model: Gemma 3's projection and its norm, Qwen's patch merger
     coefficients: tuple[int, int] = (0, 0)  # families.TowerKind.block_bytes: (H, I)
+    linear: int = 0  # the blocks' nn.Linear weights (what bitsandbytes quantizes under QLoRA on the HF backend)
 
     def block_bytes(self, e: int) -> float:
         """Bytes autograd keeps per patch for one block while the tower trains (no checkpointing)."""
@@ -57,18 +58,19 @@ def tower(v: Mapping[str, Any], text_hidden: int, model_type: str | None = None)
         # builds unless vision_use_head is false (Gemma 3's real configs say false: the tower's output is used)
         head = 4 * h * h + 2 * h * i + 8 * h + i if v.get("vision_use_head", True) else 0
         params = L * per_layer + 3 * patch * patch * h + h + (img // patch) ** 2 * h + 2 * h + head
-        return Tower(kind, h, i, L, params, h * text_hidden + h, co)
+        return Tower(kind, h, i, L, params, h * text_hidden + h, co, L * (4 * h * h + 2 * h * i))
     L, merge, out = v["depth"], v.get("spatial_merge_size", 2), v.get("out_hidden_size", text_hidden)
     m = h * merge ** 2
     embed = 3 * v.get("temporal_patch_size", 2) * patch * patch * h
     if tk.gated_mlp:  # Qwen2.5-VL: a gated MLP with biases, RMSNorms, no patch-embedding bias; the merger's
         # RMSNorm over h
         per_layer = 4 * h * h + 3 * h * i + 2 * i + 7 * h
-        return Tower(kind, h, i, L, L * per_layer + embed, m * m + m + m * out + out + h, co)
+        return Tower(kind, h, i, L, L * per_layer + embed, m * m + m + m * out + out + h, co,
+                     L * (4 * h * h + 3 * h * i))
     # Qwen3-VL: LayerNorms, a GELU MLP; a Conv3d patch embedding with bias; learned position embeddings; the
     # merger's LayerNorm over h, each deepstack merger's over the merged width
     per_layer = 4 * h * h + 2 * h * i + 9 * h + i
     merger = m * m + m + m * out + out
     deepstack = len(v.get("deepstack_visual_indexes") or []) * (merger + 2 * m)
     params = L * per_layer + embed + h + v.get("num_position_embeddings", 0) * h + deepstack
-    return Tower(kind, h, i, L, params, merger + 2 * h, co)
+    return Tower(kind, h, i, L, params, merger + 2 * h, co, L * (4 * h * h + 2 * h * i))

@@ -29,6 +29,24 @@ def resolve_model(cfg, base: Path) -> str:
     return cfg.model.path
 
 
+def config_has_vision(cfg, base: Path) -> bool:
+    """Whether the model's config.json names a vision tower, read as JSON (a local folder, or the HF cache's copy of
+    a hub id): what the backend is picked by, before transformers (or Unsloth) is imported. False where unknown."""
+    import json
+
+    local = resolve_local(cfg.model.path, base)
+    path = local / "config.json" if local is not None else None
+    if path is None and looks_like_hub_id(cfg.model.path):
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(cfg.model.path, "config.json", revision=cfg.model.revision)
+        path = Path(found) if isinstance(found, str) else None
+    try:
+        return path is not None and "vision_config" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False  # the config is read (and refused) with transformers later
+
+
 def load_model_config(path: str, cfg):
     from transformers import AutoConfig
 

@@ -240,11 +240,11 @@ def unified_memory(local_rank: int = 0) -> bool:
 def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int = 1, fsdp: bool = False,
                   precision: str = "bf16", device_bytes: float | None = None, gpu: bool = True,
                   unified: bool = False, lora_params: int | None = None, unit=None, reference: str | None = None,
-                  seq: int | None = None, patches_per_image: int = 0, extras: dict | None = None) -> MemoryPlan:
+                  seq: int | None = None, patches_per_image: int = 0, extras: dict | None = None, image_rows=False):
     """The planner's view of a finetune config; resolves `gradient_checkpointing: auto`. `lora_params`: the
     adapter's size where PEFT built it (planning/run.py), in place of the arithmetic's count; `unit` and
     `reference`, `seq`: the run's objective, reference model and tokens a sequence (planning/run.py), else read
-    from `cfg`, `extras` the unit's (else asked here). `patches_per_image`: an image's patches in a training tower."""
+    from `cfg`, `extras` the unit's (else asked here). `patches_per_image`: a row's patches in the tower."""
     mc = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
     shape = Shape.from_config(mc, name=str(getattr(cfg.model, "path", "")))
     t = cfg.train
@@ -254,9 +254,9 @@ def plan_training(cfg, model_config, backend: str, liger: bool, world_size: int 
     rows = unit.rows
     # the tokens the loss reads a sequence: GRPO's each prompt with its completion (max_seq_length bounds the prompt)
     seq = seq or cfg.data.max_seq_length + unit.extra_tokens(cfg)
-    # TRL's DPO/KTO score tokens with its fused head (chunked, no logits); its ORPOTrainer reads the model's
-    # bf16 logits of both sequences (Unsloth's forward on its backend does not build them)
-    head = "full" if not gpu else "logits" if unit.logits and backend != "unsloth" else "chunked"
+    # chunked: TRL's fused head; the model's logits: ORPO, SFT's image batches (faster, docs/benchmarks.md); not Unsloth
+    head = "full" if not gpu or image_rows and backend != "unsloth" else "logits" if unit.logits and backend != "unsloth" \
+        else "chunked"
     st = Setting(method=cfg.method, backend=backend, liger=liger, gradient_checkpointing=t.gradient_checkpointing,
                  batch=t.per_device_batch_size * rows, seq=seq,
                  reference_copy=reference == "copy", precision=precision,

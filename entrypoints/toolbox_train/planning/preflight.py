@@ -11,7 +11,7 @@ from itertools import islice
 from toolbox_train.data import images, pref_rows
 from toolbox_train.data.dataset import Locate, load_datasets
 from toolbox_train.contract import UserError, first_line
-from toolbox_train.planning.run import ResolvedRun, log, with_images_per_row
+from toolbox_train.planning.run import ResolvedRun, log, with_data_format
 from toolbox_train.data.rowcheck import NAMED, refuse
 
 
@@ -184,11 +184,10 @@ def validate(p: ResolvedRun):
     train, evald, fmt = loaded
     sets = [(train, "data.path")] + ([(evald, "data.eval_path")] if p.cfg.data.eval_path else [])
     p = dataclasses.replace(p, data_format=fmt)
-    if fmt == images.FORMAT:  # the plan at the most images a row holds (it counted one)
-        try:
-            p = with_images_per_row(p, max(len(r["images"] or []) for r in train))
-        except UserError as exc:
-            raise UserError(p.locate(str(exc))) from None
+    try:  # the plan for the rows read (it took a multimodal model's for image rows of one image)
+        p = with_data_format(p, max(len(r["images"] or []) for r in train) if fmt == images.FORMAT else 0)
+    except UserError as exc:
+        raise UserError(p.locate(str(exc))) from None
     if p.objective.prepare:  # e.g. reward functions resolved and tried (launch checks them too)
         p = dataclasses.replace(p, inputs=p.objective.prepare(p, tok, sets))
     return p, train, evald

@@ -25,12 +25,13 @@ from toolbox_train.config import tracking
 from toolbox_train.config.schema import TrainConfig, load_located
 from toolbox_train.config.sync import DEFAULT as SYNC_DEFAULT, from_env as sync_from_env
 from toolbox_train.contract import UserError
+from toolbox_train.data import images
 from toolbox_train.units import registry
 from toolbox_train.units.objective import REFERENCE_TEXT, Context, Objective
 from toolbox_train.models.vision import budget as vision_budget, patches_per_image, plan_note as vision_note
 from toolbox_train.planning import heads, strix
-from toolbox_train.planning.inputs import (gpu_available, is_multimodal, load_model_config, model_files_problem,
-                                           output_problem, resolve_model, text_config, trl_problem)
+from toolbox_train.planning.inputs import (config_has_vision, gpu_available, is_multimodal, load_model_config,
+                                           model_files_problem, output_problem, resolve_model, text_config, trl_problem)
 from toolbox_train.runs import checkpoints
 
 # A file `launch` names in this variable; finetune writes it when the node has finished.
@@ -97,7 +98,7 @@ class ResolvedRun:
     locate: Callable[[str], str] = field(default=lambda message: message, repr=False, compare=False)
 
 
-def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, machine=None) -> str:
+def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, machine=None, vision: bool = False) -> str:
     # Planning for another machine (`machine`): the toolbox image there has Unsloth, whatever is installed here.
     have_unsloth = machine is not None or importlib.util.find_spec("unsloth") is not None
     unit = registry.REGISTRY[cfg.objective]
@@ -114,7 +115,8 @@ def pick_backend(cfg: TrainConfig, gpu: bool, fsdp: bool, machine=None) -> str:
         picked = unit.auto_backend(cfg) if unit.unsloth else "hf"  # the objective's own pick (objectives/<name>/)
         if picked:
             return picked
-        return "unsloth" if (gpu and have_unsloth and not fsdp) else "hf"
+        # `vision` (a tower in config.json): Unsloth ran image rows at 0.34x/0.37x of hf (docs/benchmarks.md 2026-12-07)
+        return "unsloth" if (gpu and have_unsloth and not fsdp and not vision) else "hf"
     return "hf"
 
 
@@ -181,7 +183,7 @@ def _resolve(cfg: TrainConfig, base: Path, resume: bool, overwrite: bool, world_
         trl_problem(cfg)
     fsdp = using_fsdp() if fsdp is None else fsdp
     gpu = True if machine is not None else gpu_available() if gpu is None else gpu
-    backend = pick_backend(cfg, gpu, fsdp, machine)
+    backend = pick_backend(cfg, gpu, fsdp, machine, vision=cfg.backend == "auto" and config_has_vision(cfg, base))
     if on_backend is not None:
         on_backend(backend)  # before transformers is imported (check_trainer_names, the model's config)
     extras = MappingProxyType(dict(unit.resolve(Context(cfg, base, backend, gpu, world, fsdp)) if unit.resolve else {}))
@@ -318,21 +320,25 @@ def resolve_liger(cfg: TrainConfig, unit: Objective, backend: str, gpu: bool, ma
     return bool(liger)
 
 
-def with_images_per_row(run: ResolvedRun, most: int) -> ResolvedRun:
-    """The run planned again once preflight has read its image rows: a training vision tower keeps the patches of
-    every image of a row, and the first plan (config.json alone) counted one image a row. Same device, same
-    refusal: rows the plan cannot fit are refused before the model loads."""
+def with_data_format(run: ResolvedRun, most_images: int = 0) -> ResolvedRun:
+    """A multimodal model's run planned again once preflight has read its rows (`run.data_format` set): the first
+    plan (config.json alone) took them for image rows of one image each. Text rows take the fused head and no
+    tower; image rows keep the tower's activations for every image of a row where it trains (or Unsloth keeps
+    them). Same device, same refusal: rows the plan cannot fit are refused before the model loads."""
     plan = run.memory
-    if plan is None or most <= 1 or "vision" not in plan.setting.vision_train or not plan.setting.patches_per_row:
-        return run
+    rows = run.data_format == images.FORMAT
+    tower_kept = plan is not None and ("vision" in plan.setting.vision_train or plan.setting.backend == "unsloth")
+    if plan is None or not run.multimodal or rows and (most_images <= 1 or not tower_kept):
+        return run  # the first plan holds
     st = plan.setting
     dev = f"{int(plan.device_bytes)}" if plan.device_bytes else None
     memory, gc, batch, more = resolve_memory(run, st.strategy == "fsdp", dev, False, True, st.unified_memory,
-                                             images_per_row=most)
+                                             images_per_row=max(1, most_images))
+    said = (f"memory plan: the tower's activations at {most_images} images a row (the most a row of the data "
+            "holds)" if rows else "memory plan: text rows (the LM head's fused loss, no image through the tower)")
     return dataclasses.replace(run, memory=memory, gradient_checkpointing=gc, batch=batch,
                                grad_accum=batch_plan(run.cfg, run.world_size, batch),
-                               notes=run.notes + (f"memory plan: the tower's activations at {most} images a row "
-                                                  "(the most a row of the data holds)", *more))
+                               notes=run.notes + (said, *more))
 
 
 def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, probe: bool, refuse: bool,
@@ -340,10 +346,12 @@ def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, prob
     """The memory plan (config.json only, no weights): (plan or None, checkpointing, per-device batch, notes).
     Resolves checkpointing and the batch `auto` and refuses a run that cannot fit before any weight is
     loaded (docs/benchmarks.md, Memory planner). `images_per_row`: the most images a row holds, once
-    preflight knows (with_images_per_row)."""
+    preflight knows (with_data_format)."""
     from toolbox_train.planning import memory
 
     t = run.cfg.train
+    # a multimodal model's rows are planned as image rows until preflight has read them (with_data_format)
+    image_rows = run.multimodal and run.data_format in (None, images.FORMAT)
     try:
         dev = memory.parse_size(device_memory) if device_memory else (
             memory.device_memory(local_rank=Dist.from_env().local_rank) if probe else None)
@@ -355,8 +363,9 @@ def resolve_memory(run: ResolvedRun, fsdp: bool, device_memory: str | None, prob
                                    run.precision, dev, gpu=run.gpu, unified=unified, lora_params=run.lora_params,
                                    unit=run.objective, reference=run.reference, seq=run.seq_tokens,
                                    extras=dict(run.extras),
+                                   image_rows=image_rows,
                                    patches_per_image=images_per_row * patches_per_image(
-                                       run.model_config, run.model_path, vision_budget(run.cfg)) if run.multimodal else 0)
+                                       run.model_config, run.model_path, vision_budget(run.cfg)) if image_rows else 0)
     except (KeyError, TypeError) as exc:  # a config.json without the fields of a decoder
         gc = True if t.gradient_checkpointing == "auto" else t.gradient_checkpointing
         notes = [f"memory plan: not available for this model's config ({exc!r}); checkpointing {gc}"]
