@@ -7,8 +7,8 @@ memory, and the memory planner's prediction beside the measured peak.
     python docs/bench/vision_rows.py OUT --one SHAPE PATH     (one row; what the driver runs per process)
 
 PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys; BACKEND auto|hf|unsloth, METHOD lora|qlora),
-`bare` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned memory and the toolbox's
-collation), `trl` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
+`bare[:train][:autocast][:prefetch2]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
+memory and the toolbox's collation; bare_row says what the options change), `trl` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
 (FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
 Every row: LoRA r16 (alpha 32, no dropout) on the language model's linear layers, batch 4, bf16, no
 gradient checkpointing, constant learning rate, lengths padded to 64 (PAD), 4 steps then 16 timed; its own process with an empty CUDA
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "entrypoints")]
 BATCH, ROWS, R, LR = 4, 96, 16, 1e-4
-WARMUP, TIMED = 4, 16
+WARMUP, TIMED = 4, int(os.environ.get("VR_TIMED", 16))  # VR_TIMED: a longer window than a loader prefetches
 GEMMA_TEXT = dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
                   head_dim=256, vocab_size=262208, sliding_window=1024, query_pre_attn_scalar=256,
                   max_position_embeddings=32768)
@@ -330,9 +330,12 @@ def _rows(data: Path) -> list[dict]:
     return [{"messages": r["messages"], "images": [str(data.parent / p) for p in r["images"]]} for r in ds]
 
 
-def bare_row(model_dir: Path, data: Path, precision: str, seq: int) -> dict:
+def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[str, ...] = ()) -> dict:
     """HF + PEFT + AdamW (fused) in a loop; a DataLoader with 4 workers, pinned memory and prefetching runs the
-    toolbox's collation (labels on the answers, lengths padded to 64) beside the GPU."""
+    toolbox's collation (labels on the answers, lengths padded to 64) beside the GPU. `opts` (`bare:train:autocast`):
+    `train` puts the model in train mode (from_pretrained leaves it in eval mode, the Trainer calls train()),
+    `autocast` runs the forward under torch.autocast in bf16 as the Trainer does, `prefetch2` prefetches 2 batches a
+    worker (the Trainer's default) instead of 4."""
     import torch
     from peft import LoraConfig, get_peft_model
     from torch.utils.data import DataLoader
@@ -346,12 +349,16 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int) -> dict:
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(dev)
     model = get_peft_model(model, LoraConfig(r=R, lora_alpha=2 * R, lora_dropout=0.0, target_modules=lora_targets(model)))
+    if "train" in opts:
+        model.train()
+    autocast = torch.autocast(dev, dtype=torch.bfloat16, enabled="autocast" in opts and dtype == torch.bfloat16)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, fused=dev == "cuda")
     workers = 4 if dev == "cuda" else 0
     loader = DataLoader(_rows(data), batch_size=BATCH, shuffle=True, num_workers=workers, pin_memory=dev == "cuda",
                         collate_fn=VisionCollator(load_processor(str(model_dir)), seq,
                                                   pad_multiple=PAD_MULTIPLE if dev == "cuda" else 1),
-                        persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+                        persistent_workers=workers > 0,
+                        prefetch_factor=(2 if "prefetch2" in opts else 4) if workers else None,
                         generator=torch.Generator().manual_seed(0))
     toks, t0, losses = [], None, []
     batches = iter(loader)
@@ -362,7 +369,8 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int) -> dict:
         b = {n: v.to(dev, non_blocking=True) for n, v in next(batches).items()}
         if k >= WARMUP:
             toks.append(b["attention_mask"].sum())
-        loss = model(**b).loss
+        with autocast:
+            loss = model(**b).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -464,7 +472,7 @@ def one(out: Path, shape: str, path: str) -> dict:
     if kind == "finetune":
         row = finetune_row(model, data, run, precision, seq, spec)
     elif kind == "bare":
-        row = bare_row(model, data, precision, seq)
+        row = bare_row(model, data, precision, seq, tuple(spec))
     elif kind == "trl":
         row = trl_row(model, data, run, precision, seq)
     elif kind == "unsloth-recipe":
