@@ -7,8 +7,8 @@ memory, and the memory planner's prediction beside the measured peak.
     python docs/bench/vision_rows.py OUT --one SHAPE PATH     (one row; what the driver runs per process)
 
 PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys; BACKEND auto|hf|unsloth, METHOD lora|qlora),
-`bare[:train][:autocast][:prefetch2]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
-memory and the toolbox's collation; bare_row says what the options change), `trl` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
+`bare[:train][:autocast][:prefetch2][:qlora]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
+memory and the toolbox's collation; bare_row says what the options change), `trl[:qlora]` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
 (FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
 Every row: LoRA r16 (alpha 32, no dropout) on the language model's linear layers, batch 4, bf16, no
 gradient checkpointing, constant learning rate, lengths padded to 64 (PAD), 4 steps then 16 timed; its own process with an empty CUDA
@@ -330,12 +330,23 @@ def _rows(data: Path) -> list[dict]:
     return [{"messages": r["messages"], "images": [str(data.parent / p) for p in r["images"]]} for r in ds]
 
 
+def nf4() -> dict:
+    """The references' `qlora` option: QLoRA's 4-bit NF4 load as finetune's (training/loading.py), written out as a
+    user would."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)}
+
+
 def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[str, ...] = ()) -> dict:
     """HF + PEFT + AdamW (fused) in a loop; a DataLoader with 4 workers, pinned memory and prefetching runs the
     toolbox's collation (labels on the answers, lengths padded to 64) beside the GPU. `opts` (`bare:train:autocast`):
     `train` puts the model in train mode (from_pretrained leaves it in eval mode, the Trainer calls train()),
     `autocast` runs the forward under torch.autocast in bf16 as the Trainer does, `prefetch2` prefetches 2 batches a
-    worker (the Trainer's default) instead of 4."""
+    worker (the Trainer's default) instead of 4, `qlora` loads the model in 4 bits (nf4)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from torch.utils.data import DataLoader
@@ -347,7 +358,10 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(dev)
+    if "qlora" in opts:
+        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype, device_map={"": dev}, **nf4())
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(dev)
     model = get_peft_model(model, LoraConfig(r=R, lora_alpha=2 * R, lora_dropout=0.0, target_modules=lora_targets(model)))
     if "train" in opts:
         model.train()
@@ -391,7 +405,7 @@ def _trl_args(out: Path, precision: str, seq: int, **kw):
                      report_to=[], seed=0, max_length=seq, **kw)
 
 
-def trl_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int) -> dict:
+def trl_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int, opts: tuple[str, ...] = ()) -> dict:
     """TRL's SFTTrainer on the processor, as TRL's docs set up vision SFT: `messages` + `images` (PIL) rows, the
     trainer's own vision collator, a PEFT LoraConfig; train on the whole sequence (TRL's default here)."""
     import torch
@@ -404,7 +418,7 @@ def trl_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int) ->
     from toolbox_train.models.vision import load_processor
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype, **(nf4() if "qlora" in opts else {}))
     rows = [{"messages": r["messages"], "images": [Image.open(p).convert("RGB") for p in r["images"]]}
             for r in _rows(data)]
     clock = Clock()
@@ -474,7 +488,7 @@ def one(out: Path, shape: str, path: str) -> dict:
     elif kind == "bare":
         row = bare_row(model, data, precision, seq, tuple(spec))
     elif kind == "trl":
-        row = trl_row(model, data, run, precision, seq)
+        row = trl_row(model, data, run, precision, seq, tuple(spec))
     elif kind == "unsloth-recipe":
         row = unsloth_row(model, data, run, precision, seq, *(spec or ["lora"]))
     else:
