@@ -131,7 +131,9 @@ def _container_engine_round(user: TestUser, via: str, tag: str, tiny_model: Path
     shutil.rmtree(ws, ignore_errors=True)
     cfg = _train_workspace(ws, tiny_model)
     subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(ws)], check=True)
-    cp = user.toolbox("run", "--engine", via, *target, "--", "finetune", "--config", str(cfg), timeout=900)
+    # --debug: a failure here shows its traceback (a CI run once failed on an import inside transformers that
+    # printed only "Could not import module 'BloomPreTrainedModel'"; it passed alone and in every other run)
+    cp = user.toolbox("run", "--engine", via, *target, "--", "finetune", "--debug", "--config", str(cfg), timeout=900)
     assert cp.returncode == 0, cp.stdout[-5000:] + cp.stderr[-5000:]
     _assert_loss_went_down(ws / "out")
     assert (ws / "out" / "adapter_model.safetensors").is_file()
