@@ -118,6 +118,11 @@ def _container_engine_round(user: TestUser, via: str, tag: str, tiny_model: Path
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     argv, prefix = _probe_argv(cp.stdout)
     assert argv == NASTY and prefix == "/opt/venv"
+    # the host shell's PYTHONPATH (here a folder in the shared home) does not reach the image's Python
+    leak = user.home / "host-pythonpath"
+    cp = user.toolbox("run", "--engine", via, *target, "--", "python", "-c", "import sys; print(sys.path)",
+                      env={"PYTHONPATH": f"{user.pythonpath}{os.pathsep}{leak}"})
+    assert cp.returncode == 0 and "/opt/venv" in cp.stdout and str(leak) not in cp.stdout, cp.stdout + cp.stderr
     cp = user.toolbox("run", "--engine", via, *target, "--", "sh", "-c", "echo 'x(y)'")
     assert cp.returncode == 0 and cp.stdout.strip().splitlines()[-1] == "x(y)", cp.stdout + cp.stderr
     if via == "distrobox":

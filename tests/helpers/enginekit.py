@@ -262,8 +262,9 @@ class TestUser:
                 "DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={self.dbus_file}", "PYTHONPATH": self.pythonpath,
                 "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **extra}
 
-    def run(self, argv: list[str], check: bool = False, timeout: int = 1800, **kw) -> subprocess.CompletedProcess:
-        env = [f"{k}={v}" for k, v in self.env().items()]
+    def run(self, argv: list[str], check: bool = False, timeout: int = 1800, env: dict | None = None,
+            **kw) -> subprocess.CompletedProcess:
+        env = [f"{k}={v}" for k, v in self.env(**(env or {})).items()]
         cp = subprocess.run(["runuser", "-u", self.name, "--", "env", "-i", *env, *argv], cwd=self.home,
                             capture_output=True, text=True, timeout=timeout, **kw)
         if check and cp.returncode != 0:
