@@ -324,7 +324,7 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
             names = sorted({re.split(r"[\[=]", r, maxsplit=1)[0] for r in first_use(stack)} | set(left_out(stack)))
             (Path(tmp) / "first-use.txt").write_text("".join(f"{n} ; python_version < '0'\n" for n in names))
             cmd += ["--overrides", str(Path(tmp) / "first-use.txt")]
-        cp = subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True)
+        cp = _run(cmd, "\n".join(reqs) + "\n")
     if cp.returncode != 0:
         lines = [line.strip() for line in cp.stderr.strip().splitlines()]
         why = "; ".join(dict.fromkeys(lines[:3] + lines[-1:]))[:600]  # what failed, where, and why
@@ -347,3 +347,25 @@ def compile_lock(stack, *, find_links: list[Path], uv: str | None = None, upgrad
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, statefiles.with_checksum(header + body))
     return out
+
+
+def _run(cmd: list[str], text_in: str) -> subprocess.CompletedProcess:
+    """subprocess.run, except that a SIGTERM arriving while the child starts still stops it: the signal is held
+    until the Popen object exists (subprocess.run cannot kill a child whose Popen() raised; uv was left running)."""
+    import signal
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    proc = None
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, old))  # uv's own mask
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a held SIGTERM raises here, with `proc` to kill
+        out, err = proc.communicate(text_in)
+    except BaseException:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
