@@ -4,16 +4,18 @@
 #   bash docs/bench/vision-call.sh
 # ROWS picks a set: `gap` (default; why Gemma 3's bare loop runs at 1.7x finetune: the bare loop in train mode,
 # under autocast, with the Trainer's prefetch depth, and finetune without gradient clipping, over 48 timed steps,
-# three times the bare loop's prefetch), `qwen3` (Qwen3-VL's rows), `unsloth` (the Unsloth rows not reached), `qlora`
-# (QLoRA against QLoRA references: the bare loop and TRL on a 4-bit model, Unsloth's recipe in 4 bits).
-# Rows, logs and MEMTRACE sites come back as one file, $OUT/vr.tgz (a call returns only a few files).
+# three times the bare loop's prefetch; PROFILE=1: torch.profiler over steps 3-4 of each row, its tables in
+# profile-*.txt and a summary in each row; MEMTRACE off there), `qwen3` (Qwen3-VL's rows), `unsloth` (the Unsloth
+# rows not reached), `qlora` (QLoRA against QLoRA references: the bare loop and TRL on a 4-bit model, Unsloth's
+# recipe in 4 bits). Rows, logs, MEMTRACE sites and profile tables come back as one file, $OUT/vr.tgz (a call
+# returns only a few files).
 set -u
 mkdir -p /tmp/site && tar -C /tmp/site -xzf .gpu/site.tgz
 export PYTHONPATH=/tmp/site:$PWD:$PWD/entrypoints HF_HUB_OFFLINE=1 MEMTRACE=1 VR_WORK=/tmp/vrw ROW_TIMEOUT=${ROW_TIMEOUT:-200}
 V=/tmp/vr; mkdir -p $V; date -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case ${ROWS:-gap} in
-  gap) export VR_TIMED=48; set -- gemma3-4b-4l "bare bare:train bare:autocast bare:train:autocast:prefetch2 finetune:hf:lora finetune:hf:lora:max_grad_norm=0 trl" ;;
+  gap) export VR_TIMED=48 PROFILE=1 MEMTRACE=0; set -- gemma3-4b-4l "bare bare:train bare:autocast bare:train:autocast:prefetch2 finetune:hf:lora finetune:hf:lora:max_grad_norm=0 trl" ;;
   qwen3) set -- qwen3-vl-8b-4l "finetune:hf:lora bare trl finetune:hf:lora:liger=false finetune:hf:qlora" ;;
   unsloth) set -- gemma3-4b-4l,qwen2.5-vl-7b-4l "finetune:unsloth:qlora unsloth-recipe" ;;
   qlora) set -- gemma3-4b-4l,qwen2.5-vl-7b-4l "bare:qlora trl:qlora unsloth-recipe:qlora finetune:hf:qlora" ;;

@@ -16,6 +16,9 @@ kernel cache (CUDA_CACHE_PATH), so each pays its first-run kernel builds as a us
 SHAPE `tiny*` runs the same code on CPU in seconds (how the script is checked before a device call).
 Rows go to OUT/vision-rows.json and one line each on stdout; models, data and run folders to VR_WORK (default OUT).
 MEMTRACE=1 adds each Trainer row's peak of steps 1-2 by allocation site (`peak_sites`); ROW_TIMEOUT bounds a row.
+PROFILE=1 runs torch.profiler over steps 3-4 of every row (after MEMTRACE's, before the timed ones: timings untouched)
+and adds `profile` (step_profile.py: wall and GPU-busy seconds, top kernels and ops, cast counts) to the row; the
+full tables go to OUT/profile-SHAPE-PATH.txt.
 """
 
 from __future__ import annotations
@@ -199,6 +202,8 @@ class Clock:
                     snap = torch.cuda.memory._snapshot()
                     torch.cuda.memory._record_memory_history(enabled=None)
                     clock.memtrace = peak_sites(snap["device_traces"][0], clock.traced_from)
+                if PROF and state.global_step in (WARMUP - 2, WARMUP):  # after MEMTRACE's steps, before the clock's
+                    (PROF.start if state.global_step == WARMUP - 2 else PROF.stop)()
                 if state.global_step == WARMUP:
                     clock.t0 = time.perf_counter()
                 if state.global_step == WARMUP + TIMED:
@@ -225,6 +230,7 @@ class Clock:
 # MEMTRACE=1: the allocations of steps 1-2 recorded (torch.cuda.memory._record_memory_history) and the memory
 # live at their highest point summed by the first frame outside torch: what a peak is made of.
 MEMTRACE = os.environ.get("MEMTRACE") == "1"
+PROF = None  # PROFILE=1: one() sets a step_profile.StepProfiler
 MAX_ENTRIES = 1_000_000
 OWN = ("/torch/", "/contextlib.py", "/functools.py")
 
@@ -377,6 +383,8 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[
     toks, t0, losses = [], None, []
     batches = iter(loader)
     for k in range(WARMUP + TIMED):
+        if PROF and k == WARMUP - 2:  # the same two steps as a Trainer row's, their batches' waits included
+            PROF.start()
         if k == WARMUP:
             torch.cuda.synchronize() if dev == "cuda" else None
             t0 = time.perf_counter()
@@ -389,6 +397,8 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
+        if PROF and k == WARMUP - 1:
+            PROF.stop()
     torch.cuda.synchronize() if dev == "cuda" else None
     secs = time.perf_counter() - t0
     tokens = int(sum(int(t) for t in toks))
@@ -472,9 +482,19 @@ def unsloth_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int
             "losses": [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h]}
 
 
+def _slug(path: str) -> str:
+    return path.replace(':', '-').replace(',', '-').replace('=', '')
+
+
 def one(out: Path, shape: str, path: str) -> dict:
     import torch
 
+    global PROF
+    if os.environ.get("PROFILE") == "1":  # its table beside the row's log, in what a device call returns
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from step_profile import StepProfiler
+
+        PROF = StepProfiler(out / f"profile-{shape}-{_slug(path)}.txt")
     precision = "bf16" if torch.cuda.is_available() else "fp32"
     out = Path(os.environ.get("VR_WORK", out))  # models, data and runs (VR_WORK: kept out of what a device call returns)
     model = make_model(shape, out / f"model-{shape}")
@@ -482,7 +502,7 @@ def one(out: Path, shape: str, path: str) -> dict:
     t0 = time.time()
     seq = SHAPES[shape][3]
     kind, *spec = path.split(":")
-    run = out / f"run-{shape}-{path.replace(':', '-').replace(',', '-').replace('=', '')}"
+    run = out / f"run-{shape}-{_slug(path)}"
     if kind == "finetune":
         row = finetune_row(model, data, run, precision, seq, spec)
     elif kind == "bare":
@@ -494,7 +514,8 @@ def one(out: Path, shape: str, path: str) -> dict:
     else:
         raise SystemExit(f"unknown path {path}")
     return {"shape": shape, "path": path, "precision": precision, "batch": BATCH, "warmup_steps": WARMUP,
-            "timed_steps": TIMED, "wall_s": round(time.time() - t0, 1), **row}
+            "timed_steps": TIMED, "wall_s": round(time.time() - t0, 1), **row,
+            **({"profile": PROF.summary} if PROF else {})}
 
 
 def in_process(script: str, out: Path, shape: str, key: str, name: str, log: Path, env: dict) -> dict:
@@ -525,12 +546,15 @@ def main(argv: list[str]) -> int:
         rows = json.loads(done.read_text())
     for shape in opt.get("--shapes", "gemma3-4b-4l,qwen2.5-vl-7b-4l,qwen3-vl-8b-4l").split(","):
         for path in opt.get("--paths", "finetune bare trl unsloth-recipe").split(" "):
-            log = out / f"{shape}-{path.replace(':', '-').replace(',', '-').replace('=', '')}.log"
+            log = out / f"{shape}-{_slug(path)}.log"
             # an empty CUDA kernel cache each: no row runs on kernels an earlier row compiled
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_CACHE_PATH": tempfile.mkdtemp(prefix="cuda-cache-")}
             row = in_process(__file__, out, shape, "path", path, log, env)
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k not in ("losses",)}), flush=True)
+            brief = {k: v for k, v in row.items() if k not in ("losses", "profile")}
+            if row.get("profile"):  # its seconds only: the tables are in the row's json and profile-*.txt
+                brief["profile"] = {k: v for k, v in row["profile"].items() if k.endswith("_s")}
+            print(json.dumps(brief), flush=True)
             done.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
