@@ -6,19 +6,22 @@ memory, and the memory planner's prediction beside the measured peak.
     python docs/bench/vision_rows.py OUT [--shapes gemma3-4b-4l,...] [--paths "finetune bare trl unsloth-recipe"]
     python docs/bench/vision_rows.py OUT --one SHAPE PATH     (one row; what the driver runs per process)
 
-PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys; BACKEND auto|hf|unsloth, METHOD lora|qlora),
+PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY; BACKEND auto|hf|unsloth, METHOD lora|qlora),
 `bare[:train][:autocast][:prefetch2][:qlora]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
 memory and the toolbox's collation; bare_row says what the options change), `trl[:qlora]` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
 (FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
 Every row: LoRA r16 (alpha 32, no dropout) on the language model's linear layers, batch 4, bf16, no
 gradient checkpointing, constant learning rate, lengths padded to 64 (PAD), 4 steps then 16 timed; its own process with an empty CUDA
 kernel cache (CUDA_CACHE_PATH), so each pays its first-run kernel builds as a user's first run does.
-SHAPE `tiny*` runs the same code on CPU in seconds (how the script is checked before a device call).
+SHAPE `tiny*` runs the same code on CPU in seconds (how the script is checked before a device call); `gemma3-cpu`
+(Gemma 3's layers at CPU size) and `gemma3-cpu-deep` (its layer counts, narrow: host time) are for PROFILE=1 on
+a CPU. VR_PRECISION (bf16|fp32) overrides the device's.
 Rows go to OUT/vision-rows.json and one line each on stdout; models, data and run folders to VR_WORK (default OUT).
 MEMTRACE=1 adds each Trainer row's peak of steps 1-2 by allocation site (`peak_sites`); ROW_TIMEOUT bounds a row.
 PROFILE=1 runs torch.profiler over steps 3-4 of every row (after MEMTRACE's, before the timed ones: timings untouched)
-and adds `profile` (step_profile.py: wall and GPU-busy seconds, top kernels and ops, cast counts) to the row; the
-full tables go to OUT/profile-SHAPE-PATH.txt.
+and adds `profile` (step_profile.py: wall and GPU-busy seconds, top kernels and ops, cast and sync counts) to the row; the
+full tables go to OUT/profile-SHAPE-PATH.txt (every op's count and times in .json; PROFILE_STACKS=1 adds each host
+sync's call site, at a Python tracer's cost in the profiled steps). Every row says its attention implementations (`attn`).
 """
 
 from __future__ import annotations
@@ -57,7 +60,15 @@ SHAPES = {  # name -> (family, text layers, image side in pixels, data.max_seq_l
     "qwen3-vl-8b-4l": ("qwen3-vl", 4, 448, 384),
     "tiny": ("gemma3", 2, 28, 128), "tiny-qwen2.5-vl": ("qwen2.5-vl", 2, 56, 128),
     "tiny-qwen3-vl": ("qwen3-vl", 2, 64, 128),
+    "gemma3-cpu": ("gemma3", 2, 224, 384),  # Gemma 3's layer kinds at CPU size: PROFILE=1 op tables on a CPU
+    "gemma3-cpu-deep": ("gemma3", 4, 224, 384),  # gemma3-4b's layer counts, narrow: a step's host (launch) time
 }
+# the CPU shapes' text and tower dimensions that differ from gemma3-4b's (the 256 image tokens kept)
+SMALL = {"gemma3-cpu": (dict(hidden_size=512, intermediate_size=2048, num_attention_heads=2, num_key_value_heads=1,
+                             vocab_size=32768), dict(num_hidden_layers=2, image_size=224)),
+         "gemma3-cpu-deep": (dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                                  head_dim=32, query_pre_attn_scalar=32, vocab_size=1024),
+                             dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, image_size=224))}
 # The published models' multimodal rotary sections (halves of a 128-wide head); the tiny model's [1, 1, 2]
 # fits only its 8-wide head (kept, Qwen2.5-VL's rotary embedding fails on the first step).
 MROPE = {"qwen2.5-vl": [16, 24, 24], "qwen3-vl": [24, 20, 20]}
@@ -105,8 +116,9 @@ def make_config(shape: str, folder: Path):
     cfg = tf.AutoConfig.from_pretrained(folder)
     if family == "gemma3":
         text = {k: v for k, v in cfg.text_config.to_dict().items() if k != "layer_types"}  # remade for `layers`
-        text = {**text, **GEMMA_TEXT, "num_hidden_layers": layers}
-        cfg = tf.Gemma3Config(text_config=text, vision_config={**cfg.vision_config.to_dict(), **SIGLIP},
+        small_text, small_vision = SMALL.get(shape, ({}, {}))
+        text = {**text, **GEMMA_TEXT, "num_hidden_layers": layers, **small_text}
+        cfg = tf.Gemma3Config(text_config=text, vision_config={**cfg.vision_config.to_dict(), **SIGLIP, **small_vision},
                               mm_tokens_per_image=256, boi_token_index=cfg.boi_token_index,
                               eoi_token_index=cfg.eoi_token_index, image_token_index=cfg.image_token_index)
         proc = tf.AutoProcessor.from_pretrained(folder)
@@ -161,12 +173,19 @@ def lora_targets(model) -> list[str]:
             and n.rsplit(".", 1)[-1] in LANG_LINEAR]
 
 
+def attn_impl(model) -> dict:
+    """The attention implementation the model runs, of its config and of its text and vision configs."""
+    cfg = model.config
+    subs = {"model": cfg, "text": getattr(cfg, "text_config", None), "vision": getattr(cfg, "vision_config", None)}
+    return {k: getattr(c, "_attn_implementation", None) for k, c in subs.items() if c is not None}
+
+
 class Clock:
     """Tokens and time of the timed steps of a Trainer row: the tokens each training_step saw (non-padding,
     summed on the device), the time from the end of step WARMUP to the end of the last (one sync at each)."""
 
     def __init__(self):
-        self.toks, self.t0, self.t1, self.mem_at_start, self.param_bytes = [], None, None, None, {}
+        self.toks, self.t0, self.t1, self.mem_at_start, self.param_bytes, self.attn = [], None, None, None, {}, None
         self.after_step1, self.traced_from, self.memtrace = None, 0, None
 
     def wrap(self, trainer):
@@ -214,6 +233,7 @@ class Clock:
     def start(self, model):
         import torch
 
+        self.attn = attn_impl(model)
         if torch.cuda.is_available():
             self.mem_at_start = round(torch.cuda.memory_allocated() / 2**30, 3)
         for prm in model.parameters():
@@ -223,7 +243,7 @@ class Clock:
     def row(self, tokens: int | None = None) -> dict:
         tokens = int(sum(int(t) for t in self.toks)) if tokens is None else tokens
         return {"tokens_per_s": tokens / (self.t1 - self.t0), "timed_tokens": tokens, "mem_at_start_gib":
-                self.mem_at_start, "after_step1_alloc_peak_gib": self.after_step1, "param_gib": {k: round(v / 2**30, 3) for k, v in self.param_bytes.items()},
+                self.mem_at_start, "attn": self.attn, "after_step1_alloc_peak_gib": self.after_step1, "param_gib": {k: round(v / 2**30, 3) for k, v in self.param_bytes.items()},
                 **({"memtrace": self.memtrace} if self.memtrace else {})}
 
 
@@ -282,21 +302,25 @@ def _peak() -> float | None:
 
 
 def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, spec: list[str]) -> dict:
-    """finetune as a user runs it: `spec` = [backend, method, key=value,...] (train.* keys; defaults auto, lora)."""
+    """finetune as a user runs it: `spec` = [backend, method, key=value,...] (train.* keys, or output.KEY; defaults
+    auto, lora)."""
     from toolbox_train.commands import finetune
 
     backend = spec[0] if spec else "auto"
     method = spec[1] if len(spec) > 1 else "lora"
-    extra = {}
+    extra, output = {}, {}
     for kv in (spec[2].split(",") if len(spec) > 2 and spec[2] else []):
         k, v = kv.split("=", 1)
-        extra[k] = __import__("yaml").safe_load(v)
+        if k.startswith("output."):  # output.logging_steps=4: a host sync at every 4th step, not every step
+            output[k[len("output."):]] = __import__("yaml").safe_load(v)
+        else:
+            extra[k] = __import__("yaml").safe_load(v)
     cfg = {"model": {"path": str(model)}, "data": {"path": str(data), "max_seq_length": seq}, "method": method,
            "backend": backend, "lora": {"r": R, "alpha": 2 * R, "dropout": 0.0}, "vision": {"train": ["language"]},
            "train": {"max_steps": WARMUP + TIMED, "per_device_batch_size": BATCH, "learning_rate": LR,
                      "lr_scheduler": "constant", "warmup_steps": 0, "precision": precision,
                      "gradient_checkpointing": False, "seed": 0, **extra},
-           "output": {"dir": str(out), "save_steps": 0, "progress_bar": False, "save": "adapter"}}
+           "output": {"dir": str(out), "save_steps": 0, "progress_bar": False, "save": "adapter", **output}}
     if cfg["train"].pop("fused_images", False):
         fused_image_batches()
     clock = Clock()
@@ -402,7 +426,7 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[
     torch.cuda.synchronize() if dev == "cuda" else None
     secs = time.perf_counter() - t0
     tokens = int(sum(int(t) for t in toks))
-    return {"tokens_per_s": tokens / secs, "timed_tokens": tokens, "peak_gib": _peak(),
+    return {"tokens_per_s": tokens / secs, "timed_tokens": tokens, "peak_gib": _peak(), "attn": attn_impl(model),
             "losses": [round(float(x), 4) for x in losses]}
 
 
@@ -495,7 +519,7 @@ def one(out: Path, shape: str, path: str) -> dict:
         from step_profile import StepProfiler
 
         PROF = StepProfiler(out / f"profile-{shape}-{_slug(path)}.txt")
-    precision = "bf16" if torch.cuda.is_available() else "fp32"
+    precision = os.environ.get("VR_PRECISION") or ("bf16" if torch.cuda.is_available() else "fp32")
     out = Path(os.environ.get("VR_WORK", out))  # models, data and runs (VR_WORK: kept out of what a device call returns)
     model = make_model(shape, out / f"model-{shape}")
     data = make_data(out / f"data-{shape}" / "train.jsonl", SHAPES[shape][2])
