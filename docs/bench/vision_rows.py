@@ -6,7 +6,8 @@ memory, and the memory planner's prediction beside the measured peak.
     python docs/bench/vision_rows.py OUT [--shapes gemma3-4b-4l,...] [--paths "finetune bare trl unsloth-recipe"]
     python docs/bench/vision_rows.py OUT --one SHAPE PATH     (one row; what the driver runs per process)
 
-PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY; BACKEND auto|hf|unsloth, METHOD lora|qlora),
+PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY, and the variants fused_images=1 and
+nonblocking=1; BACKEND auto|hf|unsloth, METHOD lora|qlora),
 `bare[:train][:autocast][:prefetch2][:qlora]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
 memory and the toolbox's collation; bare_row says what the options change), `trl[:qlora]` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
 (FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
@@ -323,6 +324,8 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
            "output": {"dir": str(out), "save_steps": 0, "progress_bar": False, "save": "adapter", **output}}
     if cfg["train"].pop("fused_images", False):
         fused_image_batches()
+    if cfg["train"].pop("nonblocking", False):
+        nonblocking_batches()
     clock = Clock()
     finetune.run(cfg, overwrite=True, callbacks=[clock.callback()])
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -351,6 +354,15 @@ def fused_image_batches() -> None:
         return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
     sft.ToolboxSFTTrainer.compute_loss = compute_loss
+
+
+def nonblocking_batches() -> None:
+    """The `nonblocking=1` variant: accelerate moves each batch to the GPU asynchronously from pinned memory (its
+    default copy blocks, a host-device sync at every step's start that the bare loop's non_blocking copy is not)."""
+    from toolbox_train.training import arguments
+
+    common = arguments.common_args
+    arguments.common_args = lambda p, dist: {**common(p, dist), "accelerator_config": {"non_blocking": True}}
 
 
 def _rows(data: Path) -> list[dict]:
