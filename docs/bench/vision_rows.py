@@ -6,8 +6,8 @@ memory, and the memory planner's prediction beside the measured peak.
     python docs/bench/vision_rows.py OUT [--shapes gemma3-4b-4l,...] [--paths "finetune bare trl unsloth-recipe"]
     python docs/bench/vision_rows.py OUT --one SHAPE PATH     (one row; what the driver runs per process)
 
-PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY, and the variants fused_images=1 and
-nonblocking=1; BACKEND auto|hf|unsloth, METHOD lora|qlora),
+PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY, and the variants fused_images=1,
+nonblocking=1 and compile_tower=1|cudagraphs; BACKEND auto|hf|unsloth, METHOD lora|qlora),
 `bare[:train][:autocast][:prefetch2][:qlora]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
 memory and the toolbox's collation; bare_row says what the options change), `trl[:qlora]` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
 (FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
@@ -326,8 +326,9 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
         fused_image_batches()
     if cfg["train"].pop("nonblocking", False):
         nonblocking_batches()
+    compiled = cfg["train"].pop("compile_tower", None)
     clock = Clock()
-    finetune.run(cfg, overwrite=True, callbacks=[clock.callback()])
+    finetune.run(cfg, overwrite=True, callbacks=[clock.callback()] + ([tower_compiler(compiled)] if compiled else []))
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     by_step = {s["step"]: s for s in steps if "tokens" in s}
     tokens = by_step[WARMUP + TIMED]["tokens"] - by_step[WARMUP]["tokens"]
@@ -359,10 +360,31 @@ def fused_image_batches() -> None:
 def nonblocking_batches() -> None:
     """The `nonblocking=1` variant: accelerate moves each batch to the GPU asynchronously from pinned memory (its
     default copy blocks, a host-device sync at every step's start that the bare loop's non_blocking copy is not)."""
+    from toolbox_train.objectives.sft import config as sft_config
     from toolbox_train.training import arguments
 
     common = arguments.common_args
-    arguments.common_args = lambda p, dist: {**common(p, dist), "accelerator_config": {"non_blocking": True}}
+    patched = lambda p, dist: {**common(p, dist), "accelerator_config": {"non_blocking": True}}  # noqa: E731
+    arguments.common_args = sft_config.common_args = patched  # SFT's config imports it by name
+
+
+def tower_compiler(mode):
+    """The `compile_tower=1|cudagraphs` variant: the frozen vision tower compiled with torch.compile (inductor;
+    `cudagraphs`: mode reduce-overhead, its kernels replayed as one CUDA graph) when training begins. A tower
+    whose forward is launched op by op costs host time per step that the GPU may wait for (issue 44)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class Compile(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            towers = [m for n, m in model.named_modules() if n.split(".")[-1] in ("vision_tower", "visual")]
+            for m in towers[:1]:
+                m.compile(mode="reduce-overhead" if mode == "cudagraphs" else None, dynamic=False)
+            print(f"compile_tower: {type(towers[0]).__name__ if towers else 'no tower found'} ({mode})",
+                  file=sys.stderr)
+
+    del torch
+    return Compile()
 
 
 def _rows(data: Path) -> list[dict]:
