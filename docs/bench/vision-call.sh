@@ -21,5 +21,6 @@ case ${ROWS:-gap} in
   unsloth) set -- gemma3-4b-4l,qwen2.5-vl-7b-4l "finetune:unsloth:qlora unsloth-recipe" ;;
   qlora) set -- gemma3-4b-4l,qwen2.5-vl-7b-4l "bare:qlora trl:qlora unsloth-recipe:qlora finetune:hf:qlora" ;;
 esac
+[ -n "${PATHS:-}" ] && set -- "$1" "$PATHS"  # PATHS: a subset of the set's rows (a shorter call)
 timeout ${LIMIT:-540} python docs/bench/vision_rows.py $V --shapes "$1" --paths "$2" 2>&1 | cut -c1-400
 date -u; tar czf $OUT/vr.tgz -C $V --exclude='model-*' --exclude='run-*' --exclude='data-*' .
