@@ -77,9 +77,16 @@ def test_training_arguments_take_the_loader_settings(tmp_path, monkeypatch):
     monkeypatch.setattr(strix, "device", lambda local_rank=0: HALO_DEFAULT)
     a = common_args(p, Dist())
     assert a["dataloader_num_workers"] == 0 and a["dataloader_pin_memory"] is False
+    assert a["accelerator_config"] == {"non_blocking": False}  # nothing pinned: a non-blocking copy gains nothing
     monkeypatch.setattr(strix, "device", lambda local_rank=0: RADEON)
     a = common_args(p, Dist())
     assert a["dataloader_num_workers"] == 1 and a["dataloader_pin_memory"] is True
+    # pinned: accelerate copies each batch to the GPU without blocking the host (issue 44)
+    assert a["accelerator_config"] == {"non_blocking": True}
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(**{**a, "use_cpu": True, "bf16": False, "report_to": [], "output_dir": str(tmp_path / "o")})
+    assert args.accelerator_config.non_blocking is True
 
 
 def test_attention_on_gfx1151():
