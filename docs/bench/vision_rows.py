@@ -439,7 +439,11 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[
                         prefetch_factor=(2 if "prefetch2" in opts else 4) if workers else None,
                         generator=torch.Generator().manual_seed(0))
     toks, t0, losses = [], None, []
-    batches = iter(loader)
+    def epochs():  # as the Trainer does: a window longer than an epoch (24 batches) goes on into the next
+        while True:
+            yield from loader
+
+    batches = epochs()
     for k in range(WARMUP + TIMED):
         if PROF and k == WARMUP - 2:  # the same two steps as a Trainer row's, their batches' waits included
             PROF.start()
