@@ -22,7 +22,7 @@ RLOO = {"objective": "rloo", "method": "full", "train.per_device_batch_size": 4,
         "rloo.rewards": [{"function": "length", "max_chars": 9}]}
 
 
-def test_rloo_trains_with_the_shared_rewards_and_keeps_its_metrics(tmp_path, tiny_model):
+def test_rloo_trains_with_the_shared_rewards_and_keeps_its_metrics(tmp_path, tiny_model, caplog):
     """A module:function reward (GRPO's loader, the data's answer column) and a built-in; beta 0.05
     (TRL's default): the reference model is the base with the adapter disabled, kl logged and kept."""
     rows = [{"prompt": r["prompt"], "answer": r["prompt"].split()[-1]} for r in pref.rows("prompt", 8)]
@@ -38,6 +38,10 @@ def test_rloo_trains_with_the_shared_rewards_and_keeps_its_metrics(tmp_path, tin
     out = tmp_path / "out"
     metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and all("kl" in m and "reward" in m for m in metrics)
+    # the tokens TRL counts after generating (prompts and completions); transformers' own count of a prompt batch
+    # finds no input_ids and warned at every step
+    assert 0 < metrics[0]["tokens"] < metrics[1]["tokens"]
+    assert not [r for r in caplog.records if "Tried to track the number of tokens" in r.getMessage()]
     s = json.loads((out / "summary.json").read_text())["objective"]
     assert s["name"] == "rloo" and {"kl", "reward", "reward_std", "rewards/correct/mean", "rewards/length/mean"} <= s.keys()
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())

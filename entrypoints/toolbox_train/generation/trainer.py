@@ -4,6 +4,12 @@ and the compiled decoding of the static cache (`CompiledSampler`, a mixin of the
 from __future__ import annotations
 
 
+# For the objectives that generate (their configs pass it): their batches are prompts, TRL counts the prompt and
+# completion tokens into the trainer's state after generating; transformers' own count finds no input_ids there and
+# warned at every step.
+TOKENS_COUNTED_BY_TRL = {"include_num_input_tokens_seen": "no"}
+
+
 def trl_kwargs(section, picked: str) -> dict:
     """The TRL config's generation arguments for `picked` (the run's `extras["sampler"]`)."""
     if picked == "auto":

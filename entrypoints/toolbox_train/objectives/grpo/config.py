@@ -4,7 +4,7 @@ its clipping)."""
 
 from __future__ import annotations
 
-from toolbox_train.generation.trainer import trl_kwargs
+from toolbox_train.generation.trainer import TOKENS_COUNTED_BY_TRL, trl_kwargs
 from toolbox_train.training.arguments import trl_config
 
 # grpo: fields that are GRPOConfig's own, under the same names
@@ -19,4 +19,5 @@ def grpo_args(p, dist, reward_weights: list[float] | None = None):
     return trl_config(GRPOConfig, p, dist, num_generations=g.num_generations,
                       max_completion_length=g.max_completion_length, temperature=g.temperature, beta=g.beta,
                       reward_weights=reward_weights, shuffle_dataset=p.cfg.data.shuffle,
-                      **{k: getattr(g, k) for k in VARIANTS}, **trl_kwargs(g, p.extras["sampler"]))
+                      **{k: getattr(g, k) for k in VARIANTS}, **trl_kwargs(g, p.extras["sampler"]),
+                      **TOKENS_COUNTED_BY_TRL)

@@ -3,7 +3,7 @@ temperature, the KL weight, the reward weights, the sampler the run resolved, th
 
 from __future__ import annotations
 
-from toolbox_train.generation.trainer import trl_kwargs
+from toolbox_train.generation.trainer import TOKENS_COUNTED_BY_TRL, trl_kwargs
 from toolbox_train.training.arguments import trl_config
 
 # rloo: fields that are RLOOConfig's own, under the same names
@@ -16,4 +16,5 @@ def rloo_args(p, dist, reward_weights: list[float] | None = None):
 
     r = p.cfg.rloo
     return trl_config(RLOOConfig, p, dist, reward_weights=reward_weights, shuffle_dataset=p.cfg.data.shuffle,
-                      **{k: getattr(r, k) for k in OWN}, **trl_kwargs(r, p.extras["sampler"]))
+                      **{k: getattr(r, k) for k in OWN}, **trl_kwargs(r, p.extras["sampler"]),
+                      **TOKENS_COUNTED_BY_TRL)
