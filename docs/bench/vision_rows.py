@@ -7,7 +7,7 @@ memory, and the memory planner's prediction beside the measured peak.
     python docs/bench/vision_rows.py OUT --one SHAPE PATH     (one row; what the driver runs per process)
 
 PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY, and the variants fused_images=1,
-nonblocking=1 and compile_tower=1|cudagraphs; BACKEND auto|hf|unsloth, METHOD lora|qlora),
+nonblocking=1, liger_tower=false and compile_tower=1|cudagraphs; BACKEND auto|hf|unsloth, METHOD lora|qlora),
 `bare[:train][:autocast][:prefetch2][:qlora]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
 memory and the toolbox's collation; bare_row says what the options change), `trl[:qlora]` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
 (FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
@@ -326,6 +326,8 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
         fused_image_batches()
     if cfg["train"].pop("nonblocking", False):
         nonblocking_batches()
+    if cfg["train"].pop("liger_tower", True) is False:
+        liger_off_the_tower()
     compiled = cfg["train"].pop("compile_tower", None)
     clock = Clock()
     finetune.run(cfg, overwrite=True, callbacks=[clock.callback()] + ([tower_compiler(compiled)] if compiled else []))
@@ -366,6 +368,17 @@ def nonblocking_batches() -> None:
     common = arguments.common_args
     patched = lambda p, dist: {**common(p, dist), "accelerator_config": {"non_blocking": True}}  # noqa: E731
     arguments.common_args = sft_config.common_args = patched  # SFT's config imports it by name
+
+
+def liger_off_the_tower() -> None:
+    """The `liger_tower=false` variant: Liger's kernels on the language model only; SigLIP's LayerNorms stay
+    torch's (liger_kernel_config layer_norm false, which transformers passes to apply_liger_kernel_to_gemma3). The H100
+    profile put Liger's LayerNorm at ~0.28 ms of host time a call (Python stacks recorded, which inflates it), 55
+    calls a step on Gemma 3's tower, against 36 us of GPU time (docs/bench/2026-12-07-h100-vision3/)."""
+    from toolbox_train.objectives.sft import config as sft_config
+
+    common = sft_config.common_args
+    sft_config.common_args = lambda p, dist: {**common(p, dist), "liger_kernel_config": {"layer_norm": False}}
 
 
 def tower_compiler(mode):
