@@ -6,8 +6,8 @@ memory, and the memory planner's prediction beside the measured peak.
     python docs/bench/vision_rows.py OUT [--shapes gemma3-4b-4l,...] [--paths "finetune bare trl unsloth-recipe"]
     python docs/bench/vision_rows.py OUT --one SHAPE PATH     (one row; what the driver runs per process)
 
-PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY, and the variants fused_images=1,
-nonblocking=1, liger_tower=false and compile_tower=1|cudagraphs; BACKEND auto|hf|unsloth, METHOD lora|qlora),
+PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY, and the variants of
+vision_variants.py: fused_images=1, nonblocking=1, liger_tower=false, compile_tower=1|cudagraphs; BACKEND auto|hf|unsloth, METHOD lora|qlora),
 `bare[:train][:autocast][:prefetch2][:qlora]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
 memory and the toolbox's collation; bare_row says what the options change), `trl[:qlora]` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
 (FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "entrypoints")]
+sys.path[:0] = [str(ROOT), str(ROOT / "entrypoints"), str(Path(__file__).resolve().parent)]
 BATCH, ROWS, R, LR = 4, 96, 16, 1e-4
 WARMUP, TIMED = 4, int(os.environ.get("VR_TIMED", 16))  # VR_TIMED: a longer window than a loader prefetches
 GEMMA_TEXT = dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
@@ -322,15 +322,11 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
                      "lr_scheduler": "constant", "warmup_steps": 0, "precision": precision,
                      "gradient_checkpointing": False, "seed": 0, **extra},
            "output": {"dir": str(out), "save_steps": 0, "progress_bar": False, "save": "adapter", **output}}
-    if cfg["train"].pop("fused_images", False):
-        fused_image_batches()
-    if cfg["train"].pop("nonblocking", False):
-        nonblocking_batches()
-    if cfg["train"].pop("liger_tower", True) is False:
-        liger_off_the_tower()
-    compiled = cfg["train"].pop("compile_tower", None)
+    from vision_variants import apply_variants
+
+    extra_callbacks = apply_variants(cfg["train"])  # fused_images, nonblocking, liger_tower, compile_tower
     clock = Clock()
-    finetune.run(cfg, overwrite=True, callbacks=[clock.callback()] + ([tower_compiler(compiled)] if compiled else []))
+    finetune.run(cfg, overwrite=True, callbacks=[clock.callback(), *extra_callbacks])
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     by_step = {s["step"]: s for s in steps if "tokens" in s}
     tokens = by_step[WARMUP + TIMED]["tokens"] - by_step[WARMUP]["tokens"]
@@ -339,65 +335,6 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
             "resolved": {k: resolved.get(k) for k in ("backend", "liger", "lm_head_kernel", "per_device_batch_size")
                          if k in resolved},
             "losses": [round(s["loss"], 4) for s in steps if "loss" in s][:WARMUP + TIMED]}
-
-
-def fused_image_batches() -> None:
-    """The `fused_images=1` variant: finetune's SFT loss on TRL's fused LM head for image batches too (they take
-    the model's own loss, which builds every position's fp32 logits); what a change in objectives/sft would do."""
-    from transformers import Trainer as HFTrainer
-
-    from toolbox_train.objectives.sft import trainer as sft
-    from toolbox_train.training import trainer as core
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if core.fused_head_ok(inputs):
-            if self.deferrable_loss(model, inputs, return_outputs):
-                return self.fused_nll_deferred(model, inputs, num_items_in_batch)
-            return super(sft.ToolboxSFTTrainer, self).compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        return HFTrainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
-
-    sft.ToolboxSFTTrainer.compute_loss = compute_loss
-
-
-def nonblocking_batches() -> None:
-    """The `nonblocking=1` variant: accelerate moves each batch to the GPU asynchronously from pinned memory (its
-    default copy blocks, a host-device sync at every step's start that the bare loop's non_blocking copy is not)."""
-    from toolbox_train.objectives.sft import config as sft_config
-    from toolbox_train.training import arguments
-
-    common = arguments.common_args
-    patched = lambda p, dist: {**common(p, dist), "accelerator_config": {"non_blocking": True}}  # noqa: E731
-    arguments.common_args = sft_config.common_args = patched  # SFT's config imports it by name
-
-
-def liger_off_the_tower() -> None:
-    """The `liger_tower=false` variant: Liger's kernels on the language model only; SigLIP's LayerNorms stay
-    torch's (liger_kernel_config layer_norm false, which transformers passes to apply_liger_kernel_to_gemma3). The H100
-    profile put Liger's LayerNorm at ~0.28 ms of host time a call (Python stacks recorded, which inflates it), 55
-    calls a step on Gemma 3's tower, against 36 us of GPU time (docs/bench/2026-12-07-h100-vision3/)."""
-    from toolbox_train.objectives.sft import config as sft_config
-
-    common = sft_config.common_args
-    sft_config.common_args = lambda p, dist: {**common(p, dist), "liger_kernel_config": {"layer_norm": False}}
-
-
-def tower_compiler(mode):
-    """The `compile_tower=1|cudagraphs` variant: the frozen vision tower compiled with torch.compile (inductor;
-    `cudagraphs`: mode reduce-overhead, its kernels replayed as one CUDA graph) when training begins. A tower
-    whose forward is launched op by op costs host time per step that the GPU may wait for (issue 44)."""
-    import torch
-    from transformers import TrainerCallback
-
-    class Compile(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kw):
-            towers = [m for n, m in model.named_modules() if n.split(".")[-1] in ("vision_tower", "visual")]
-            for m in towers[:1]:
-                m.compile(mode="reduce-overhead" if mode == "cudagraphs" else None, dynamic=False)
-            print(f"compile_tower: {type(towers[0]).__name__ if towers else 'no tower found'} ({mode})",
-                  file=sys.stderr)
-
-    del torch
-    return Compile()
 
 
 def _rows(data: Path) -> list[dict]:
