@@ -503,8 +503,7 @@ def one(out: Path, shape: str, path: str) -> dict:
 
     global PROF
     if os.environ.get("PROFILE") == "1":  # its table beside the row's log, in what a device call returns
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from step_profile import StepProfiler
+        from step_profile import StepProfiler  # beside this file, on sys.path from the top
 
         PROF = StepProfiler(out / f"profile-{shape}-{_slug(path)}.txt")
     precision = os.environ.get("VR_PRECISION") or ("bf16" if torch.cuda.is_available() else "fp32")
