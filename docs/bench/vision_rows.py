@@ -545,18 +545,33 @@ def in_process(script: str, out: Path, shape: str, key: str, name: str, log: Pat
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
-    out.mkdir(parents=True, exist_ok=True)
     if "--one" in argv:
+        from toolbox_train.contract import UserError
+
+        out.mkdir(parents=True, exist_ok=True)
         i = argv.index("--one")
-        print(json.dumps(one(out, argv[i + 1], argv[i + 2])))
+        try:
+            print(json.dumps(one(out, argv[i + 1], argv[i + 2])))
+        except UserError as exc:  # a row's finetune config refused (a bad key=value): its line, not a traceback
+            print(f"vision_rows: {argv[i + 2]}: {exc}", file=sys.stderr)
+            return 2
         return 0
     opt = dict(zip(argv[1::2], argv[2::2]))
+    kinds = ("finetune", "bare", "trl", "unsloth-recipe")
+    shapes = opt.get("--shapes", "gemma3-4b-4l,qwen2.5-vl-7b-4l,qwen3-vl-8b-4l").split(",")
+    paths = opt.get("--paths", "finetune bare trl unsloth-recipe").split(" ")
+    bad = [f"--shapes {s}: not one of {', '.join(SHAPES)}" for s in shapes if s not in SHAPES] + \
+          [f"--paths {p}: a path starts with one of {', '.join(kinds)}" for p in paths if p.split(":")[0] not in kinds]
+    if bad:  # before any row runs or anything is written
+        print(f"vision_rows: {bad[0]}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     done = out / "vision-rows.json"
     if done.is_file():
         rows = json.loads(done.read_text())
-    for shape in opt.get("--shapes", "gemma3-4b-4l,qwen2.5-vl-7b-4l,qwen3-vl-8b-4l").split(","):
-        for path in opt.get("--paths", "finetune bare trl unsloth-recipe").split(" "):
+    for shape in shapes:
+        for path in paths:
             log = out / f"{shape}-{_slug(path)}.log"
             # an empty CUDA kernel cache each: no row runs on kernels an earlier row compiled
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_CACHE_PATH": tempfile.mkdtemp(prefix="cuda-cache-")}
