@@ -156,6 +156,13 @@ def pypi(tmp_path_factory):
 def base_venv(tmp_path_factory):
     venv = tmp_path_factory.mktemp("venv") / "v"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, capture_output=True)
+    # this venv's pip, not the one the base interpreter bundles: Debian's python3.11 seeds pip 23.0.1, which
+    # installs the `rocm` sdist by a legacy `setup.py install` (no direct_url.json) where `wheel` is missing
+    name, data = installed_wheel("pip")
+    whl = venv.parent / name
+    whl.write_bytes(data)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-deps", str(whl)],
+                   check=True, timeout=120, capture_output=True, env=CLEAN_ENV)
     return venv
 
 
