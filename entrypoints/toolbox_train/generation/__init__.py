@@ -6,6 +6,7 @@ arguments and the compiled decoding (build).
 
   sampler   its fields, `pick` (auto resolved), `merge` (LoRA merged for generation), `refusal`, the KV
             cache and merged weights the memory plan counts
-  trainer   TRL's generation arguments for the picked sampler, the compiled static-cache decoding and
-            the merged-LoRA generation (`mixins`)
+  trainer   TRL's generation arguments for the picked sampler, the compiled static-cache decoding, the
+            compiled loop in TRL's place and the merged-LoRA generation (`mixins`)
+  decode    the compiled decoding loop (`generation: compiled`) and what it can serve
 """

@@ -4,8 +4,12 @@
 on by generation/trainer.py), transformers' continuous batching (`transformers-paged`: TRL's
 `use_transformers_continuous_batching`), or TRL's vLLM colocate mode (`use_vllm`, `vllm_mode:
 colocate`: a vLLM engine in the training process, its share of memory `vllm_gpu_memory_utilization`).
-`auto` picks the fastest this machine runs (`pick`), measured on an H100 (docs/preference.md); the
-pick is made once, when the run is resolved (`extras`), and every later step reads it there.
+`compiled` is the Toolbox's own decoding loop over the same static cache (generation/decode.py: one
+compiled step per token, the host's check every 32 tokens); a run it cannot serve (`compiled_refusal`: the
+model, the sampling settings, the backend) falls back to `transformers-static` (on the CPU `transformers`),
+the reason recorded. `auto` picks the fastest this machine runs (`pick`), measured on an H100
+(docs/preference.md); the pick is made once, when the run is resolved (`extras`), and every later step
+reads it there.
 
 vLLM's PyPI wheels are CUDA builds, each pinned to one torch (vLLM 0.31.0 and 0.32.0: torch==2.13.0,
 the cuda stack's; 0.33.0 and 0.34.0: torch==2.14.0); TRL 1.15 declares vLLM 0.21.0-0.31.0 supported
@@ -31,7 +35,7 @@ from pydantic import Field
 from toolbox_train.contract import UserError
 
 VLLM_FOR_TRL = "0.31.0"  # the newest vLLM TRL 1.15 declares supported; the `vllm` extra pins it
-MODES = ("auto", "transformers", "transformers-static", "transformers-paged", "vllm-colocate")
+MODES = ("auto", "transformers", "transformers-static", "compiled", "transformers-paged", "vllm-colocate")
 Mode = Literal[MODES]  # type: ignore[valid-type]
 Merge = bool | Literal["auto"]
 
@@ -39,8 +43,9 @@ Merge = bool | Literal["auto"]
 def mode_field():
     """The section's `generation` field (each unit that generates declares it, in its own order)."""
     return Field("auto", description="auto (the fastest sampler this machine runs), transformers (generate, dynamic "
-                                     "cache), transformers-static (static cache, compiled decoding), transformers-paged "
-                                     "(continuous batching), vllm-colocate (generation/sampler.py)")
+                                     "cache), transformers-static (static cache, compiled decoding), compiled (the "
+                                     "Toolbox's decoding loop, one compiled step per token: generation/decode.py), "
+                                     "transformers-paged (continuous batching), vllm-colocate (generation/sampler.py)")
 
 
 def memory_field():
@@ -116,10 +121,49 @@ def refusal(section, field: str, backend: str, gpu: bool) -> str | None:
     return None
 
 
-def pick(section, backend: str, gpu: bool) -> tuple[str, str]:
+def compiled_refusal(section, ctx) -> str | None:
+    """Why the compiled loop (generation/decode.py) cannot serve this run, or None: the backend, FSDP, the
+    model (its config read before it loads) or the generation config TRL will build from the section
+    (its sampling fields, then the model's generation_config.json for what TRL leaves unset, as generate
+    reads them)."""
+    if ctx.backend == "unsloth":
+        return "backend unsloth generates with its own patched trainer"
+    if ctx.fsdp:
+        return "FSDP shards the weights"
+    from transformers import GenerationConfig
+
+    from toolbox_train.generation import decode
+    from toolbox_train.planning.inputs import load_model_config, resolve_model
+
+    path = resolve_model(ctx.cfg, ctx.base)
+    why = decode.model_unsupported(load_model_config(path, ctx.cfg))
+    if why:
+        return f"the model: {why}"
+    gc = GenerationConfig(max_new_tokens=section.max_completion_length, do_sample=True,
+                          **{k: getattr(section, k, None) for k in SAMPLING})
+    try:
+        model_gc = GenerationConfig.from_pretrained(path, revision=ctx.cfg.model.revision)
+    except (OSError, ValueError):  # no generation_config.json: generate reads the global defaults alone
+        model_gc = GenerationConfig()
+    gc.update(**model_gc.to_dict(), defaults_only=True)
+    gc.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+    why = decode.unsupported(gc)
+    return f"the generation config: {why}" if why else None
+
+
+# The sections' sampling fields, TRL's GRPOConfig/RLOOConfig names (what TRL puts in its GenerationConfig)
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def pick(section, backend: str, gpu: bool, cannot_compile: str | None = None,
+         modes: tuple[str, ...] = MODES) -> tuple[str, str]:
     """The sampler a run uses, and why: the section's `generation` as set, or what `auto` resolves to.
-    `gpu`: the run (or the machine planned for) trains on a GPU."""
+    `gpu`: the run (or the machine planned for) trains on a GPU. `cannot_compile`: why the compiled loop
+    cannot serve the run (`compiled_refusal`; None: it can), asked only where it could be picked."""
     g = section.generation
+    fallback = "transformers-static" if gpu else "transformers"
+    if g == "compiled" and cannot_compile:
+        return fallback, f"compiled cannot serve this run ({cannot_compile}): {fallback} instead"
     if g != "auto":
         return g, "set in the config"
     if backend == "unsloth":
@@ -132,8 +176,22 @@ def pick(section, backend: str, gpu: bool) -> tuple[str, str]:
         # transformers compiles decoding only on an accelerator (generate's _valid_auto_compile_criteria):
         # a static cache alone is the dynamic one's work in a preallocated buffer
         return "transformers", "auto: on the CPU transformers compiles no decoding"
-    return "transformers-static", ("auto: static cache + compiled decoding (H100, 2026-12-06: 2.9x generate's "
-                                   "dynamic cache on llama-1b, 4.5x on qwen3-0.6b)")
+    static = ("auto: static cache + compiled decoding (H100, 2026-12-06: 2.9x generate's dynamic cache on "
+              "llama-1b, 4.5x on qwen3-0.6b)")
+    if "compiled" not in modes or not cuda():
+        return "transformers-static", static
+    if cannot_compile:
+        return "transformers-static", f"{static}; the compiled loop cannot serve this run ({cannot_compile})"
+    return "compiled", ("auto: the compiled decoding loop on CUDA (CUDA graphs, the host's check every 32 "
+                        "tokens; pending its GPU record: not measured on a GPU yet)")
+
+
+def cuda() -> bool:
+    """This torch is not a ROCm build (the compiled loop's CUDA graphs are picked on CUDA only; a plan for
+    another machine from a CPU box counts as CUDA: the GPU machines planned for are Hopper)."""
+    import torch
+
+    return torch.version.hip is None
 
 
 def merge(section, where: str, sampler: str, ctx) -> tuple[bool, str]:
@@ -161,7 +219,9 @@ def resolve(section, field: str, ctx, modes: tuple[str, ...] = MODES) -> dict:
     if section.generation not in modes:
         raise UserError(f"{field}: {section.generation} is not a sampler this objective's trainer has "
                         f"({', '.join(modes)})")
-    sampler, why = pick(section, ctx.backend, ctx.gpu)
+    g = section.generation
+    ask = g == "compiled" or (g == "auto" and ctx.gpu and ctx.backend != "unsloth" and "compiled" in modes and cuda())
+    sampler, why = pick(section, ctx.backend, ctx.gpu, compiled_refusal(section, ctx) if ask else None, modes)
     merged, merged_why = merge(section, field.rpartition('.')[0], sampler, ctx)
     return {"sampler": sampler, "sampler_why": why, "sampler_merged": merged, "sampler_merged_why": merged_why}
 
@@ -207,4 +267,5 @@ def memory(cfg, extras: dict, st, shape, world: int, completion_tokens: int, per
     accum = t.batch_size // (world * st.batch) if t.batch_size else t.gradient_accumulation_steps
     seqs = st.batch * (per_generation or max(1, accum))
     kv = kv_cache_bytes(shape, seqs, cfg.data.max_seq_length + completion_tokens, dtype_bytes)
-    return dataclasses.replace(st, sampler_kv=kv, sampler_kv_resident=sampler == "transformers-static"), said
+    resident = sampler in ("transformers-static", "compiled")  # a static cache under compiled decoding
+    return dataclasses.replace(st, sampler_kv=kv, sampler_kv_resident=resident), said

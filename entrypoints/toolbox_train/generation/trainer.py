@@ -1,5 +1,6 @@
-"""The sampler in a TRL trainer: the config's generation arguments for the picked sampler (`trl_kwargs`)
-and the compiled decoding of the static cache (`CompiledSampler`, a mixin of the trainer class)."""
+"""The sampler in a TRL trainer: the config's generation arguments for the picked sampler (`trl_kwargs`),
+the compiled decoding of the static cache (`CompiledSampler`), the Toolbox's compiled loop (`CompiledLoop`)
+and the merged-LoRA generation (`MergedLora`), mixins of the trainer class."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def trl_kwargs(section, picked: str) -> dict:
     """The TRL config's generation arguments for `picked` (the run's `extras["sampler"]`)."""
     if picked == "auto":
         raise ValueError("generation: auto must be resolved first (generation.sampler.resolve)")
-    if picked == "transformers":
+    if picked in ("transformers", "compiled"):  # compiled: CompiledLoop replaces TRL's call of generate
         return {"use_vllm": False}
     if picked == "transformers-static":
         return {"use_vllm": False, "cache_implementation": "static"}
@@ -111,6 +112,56 @@ class merged_lora:
         return False
 
 
+class CompiledLoop:
+    """generation compiled: TRL's plain transformers path of `_generate_single_turn` (its tool loop calls it
+    each turn) decoded by the Toolbox's loop (generation/decode.py) instead of `generate`, under the same
+    block name of TRL's profiler ("transformers.generate"), the model unwrapped as TRL unwraps it. Its
+    result is TRL's: each completion up to its first EOS (GRPO's variant, which takes `num_generations`,
+    with logprobs None beside it). The run was resolved to this sampler only where the loop serves it
+    (generation/sampler.py compiled_refusal); what still turns up here that it cannot serve (images, a
+    generation config changed since) stops the run with the reason, never a silent switch."""
+
+    def __init__(self, *args, **kw):
+        import inspect
+
+        super().__init__(*args, **kw)
+        from toolbox_train.generation.decode import Loop
+
+        self._loop = Loop()
+        self._turn_has_logprobs = "num_generations" in inspect.signature(super()._generate_single_turn).parameters
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kw):
+        import torch
+        from trl.extras.profiling import profiling_context
+        from trl.models.utils import unwrap_model_for_generation
+
+        if images is not None and any(i is not None for i in images) or multimodal_fields or kw.get("has_tool_images"):
+            raise RuntimeError("generation: compiled decodes text prompts only and this batch has images; "
+                               "set generation: transformers-static")
+        device = self.accelerator.device
+        pad = self._tokenizer.pad_token_id  # TRL's trainers set it (the eos where the tokenizer has no pad)
+        width = max(len(p) for p in prompt_ids)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompt_ids], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
+        with (profiling_context(self, "transformers.generate"),
+              unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                          generation_kwargs=self.generation_kwargs) as unwrapped,
+              torch.no_grad()):
+            model = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+            out = self._loop.generate(model, ids, mask, self.generation_config)[:, width:].cpu()
+        eos = set(self.eos_token_ids)
+        completions = []
+        for row in out.tolist():
+            end = next((i for i, t in enumerate(row) if t in eos), len(row) - 1)
+            completions.append(row[:end + 1])
+        return (completions, None) if self._turn_has_logprobs else completions
+
+
 def mixins(extras) -> tuple:
-    """The sampler's trainer mixins for a run's extras: the compiled static decoding, the merged LoRA."""
-    return (CompiledSampler, *((MergedLora,) if extras.get("sampler_merged") else ()))
+    """The sampler's trainer mixins for a run's extras: the compiled static decoding (or the compiled loop),
+    the merged LoRA (outside the loop: the loop decodes on the merged weights)."""
+    merged = (MergedLora,) if extras.get("sampler_merged") else ()
+    if extras.get("sampler") == "compiled":
+        return (*merged, CompiledLoop)
+    return (CompiledSampler, *merged)

@@ -12,7 +12,8 @@ from toolbox_train.generation import sampler
 
 TEACHER, GENERATION = "distill.teacher", "distill.generation"
 # TRL 1.15's DistillationConfig has no continuous batching
-MODES = tuple(m for m in sampler.MODES if m != "transformers-paged")
+# compiled: its loop serves GRPO and RLOO, not tested under TRL's DistillationTrainer
+MODES = tuple(m for m in sampler.MODES if m not in ("transformers-paged", "compiled"))
 
 
 def teacher_config(folder: Path) -> dict:

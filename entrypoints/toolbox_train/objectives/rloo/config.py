@@ -8,7 +8,8 @@ from toolbox_train.training.arguments import trl_config
 
 # rloo: fields that are RLOOConfig's own, under the same names
 OWN = ("num_generations", "max_completion_length", "temperature", "beta", "epsilon", "epsilon_high", "num_iterations",
-       "normalize_advantages", "mask_truncated_completions", "steps_per_generation")
+       "normalize_advantages", "mask_truncated_completions", "steps_per_generation", "top_p", "top_k", "min_p",
+       "repetition_penalty")
 
 
 def rloo_args(p, dist, reward_weights: list[float] | None = None):
