@@ -18,6 +18,10 @@
 # CPU dry run (tiny shape, no site tarball; COMPLETION 200: the tool row's scripted call and result take 158):
 #   DEVICE=cpu SHAPES=tiny-llama PROMPT=16 COMPLETION=200 GENS=4 BATCH=8 WARMUP=1 STEPS=2 REPEATS=1 SITE= \
 #     PY=/work/main/.venv/bin/python OUT=/tmp/grpo-speed bash docs/bench/grpo-speed-call.sh
+# The compiled loop (issue 46, grpo.generation: compiled) beside the static sampler, the same CPU dry run:
+#   GENERATION=transformers-static,compiled BASE=transformers-static DEVICE=cpu SHAPES=tiny-llama PROMPT=16 \
+#     COMPLETION=200 GENS=4 BATCH=8 WARMUP=1 STEPS=2 REPEATS=1 SITE= PY=/work/main/.venv/bin/python \
+#     OUT=/tmp/grpo-speed bash docs/bench/grpo-speed-call.sh
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DEVICE=${DEVICE:-cuda}
 export WARMUP=${WARMUP:-2} STEPS=${STEPS:-3}

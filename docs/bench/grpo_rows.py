@@ -5,11 +5,13 @@
         [--repeats N]   (issue 41: N rounds, each shape's samplers in alternating order, one process a row)
     python docs/bench/grpo_rows.py OUT WORK --one SHAPE GENERATION   (one row; what the driver runs per process)
 
-A GENERATION is [tools:][BACKEND:]SAMPLER[+nomerge]: BACKEND (unsloth:transformers-static; plain ones run on
-hf), `+nomerge` sets grpo.merge_lora: false (auto, the default, generates on the LoRA merged into a copy of
-the weights: generation/sampler.py merge; each row records the resolved run's sampler, sampler_merged and
-sampler_merged_why), `tools:` makes it issue 46's tool-calling row (docs/bench/grpo_tools_row.py: grpo.tools,
-the model's first turn scripted, its tool metrics from metrics.jsonl under "tools"). The row keeps the name.
+A GENERATION is [tools:][BACKEND:]SAMPLER[+nomerge], SAMPLER one of grpo.generation's (`compiled`: issue 46's
+loop, generation/decode.py, timed under TRL's "transformers.generate" block name): BACKEND
+(unsloth:transformers-static; plain ones run on hf), `+nomerge` sets grpo.merge_lora: false (auto, the
+default, generates on the LoRA merged into a copy of the weights: generation/sampler.py merge; each row
+records the resolved run's sampler, sampler_merged and sampler_merged_why), `tools:` makes it issue 46's
+tool-calling row (docs/bench/grpo_tools_row.py: grpo.tools, the model's first turn scripted, its tool metrics
+from metrics.jsonl under "tools"). The row keeps the name.
 
 How it is timed: TRL 1.15 wraps its generation in `profiling_context` blocks ("transformers.generate",
 or "vLLM.generate" and "sync_weights" in the vLLM modes) and its `_prepare_inputs` (generation,
@@ -110,6 +112,10 @@ def parse(generation: str) -> tuple[str, str, bool, bool | None]:
     if plus and flag != "nomerge":
         raise SystemExit(f"GENERATION {generation!r}: the only suffix is +nomerge")
     backend, _, sampler = spec.rpartition(":")
+    from toolbox_train.generation.sampler import MODES  # compiled (issue 46's loop) among them
+
+    if sampler not in MODES:
+        raise SystemExit(f"GENERATION {generation!r}: {sampler!r} is not a sampler ({', '.join(MODES)})")
     return backend or "hf", sampler, tools, (False if plus else None)
 
 
@@ -224,6 +230,8 @@ def main(argv: list[str]) -> int:
     opt = dict(zip(argv[2::2], argv[3::2]))
     rows = []
     gens = opt.get("--generation", "transformers").split(",")
+    for gen in gens:
+        parse(gen)  # a misspelt row is one line before any row runs
     order = [(shape, gen, r) for r in range(int(opt.get("--repeats", 1)))
              for shape in opt.get("--shapes", "llama-1b,qwen3-0.6b").split(",")
              for gen in (gens if r % 2 == 0 else gens[::-1])]  # interleaved: each round flips the order

@@ -66,6 +66,9 @@ def test_greedy_completions_are_generates(tiny, compile):
         want = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
         got = loop.generate(model, ids, mask, gc)
         assert got.shape == want.shape and torch.equal(got, want), (got[:, width:], want[:, width:])
+        # positions from the mask (a RoPE model's tokens would not show a shift common to a row): each row's
+        # next position is its prompt's length plus the steps run
+        assert loop.pos[:len(PROMPTS)].tolist() == [len(p) + int(loop.t) - 1 for p in PROMPTS]
     ended = want[:, width:]
     assert ended.shape[1] < 70 and (ended == tok.pad_token_id).any()  # stopped early; pads after an EOS
     # a smaller batch after the larger (a tool loop's later turn): the same cache and compiled step
@@ -109,7 +112,8 @@ def test_top_p_sampling_draws_from_the_top_p_set_only(tiny, compile):
     width = ids.shape[1]
     torch.manual_seed(0)
     top_p, temperature = 0.3, 0.7
-    out = decode.Loop(compile).generate(model, ids, mask, _config(tok, max_new_tokens=24, do_sample=True,
+    # top_k 0: generate's default top_k (50, filled in where unset) would keep the draws inside the set alone
+    out = decode.Loop(compile).generate(model, ids, mask, _config(tok, max_new_tokens=24, do_sample=True, top_k=0,
                                                                    top_p=top_p, temperature=temperature))
     assert out.shape == (len(PROMPTS), width + 24)
     draws = outside = 0
