@@ -3,8 +3,8 @@ exactly generate's (left-padded prompts of different lengths, an EOS some sequen
 smaller batch after a larger one), also with the step traced whole by torch.compile (fullgraph, dynamo's
 eager backend: what the GPU's CUDA-graph compile needs, without a GPU); with a LoRA merged and unmerged
 through the trainers; top_k 1 sampling is greedy; temperature + top_p sampling draws only from the top-p
-set; GRPO and RLOO runs through finetune with it; and what the loop cannot serve resolves to the
-fallback with its reason."""
+set; GRPO and RLOO runs through finetune with it, TRL's tool loop decoding its later turns with it; and
+what the loop cannot serve resolves to the fallback with its reason."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import yaml
 
 from helpers import pref
 from helpers.tiny import train_config, write_train_config
+from test_grpo_tools import TOOLS, _call, _chat_rows, _write, tool_model  # noqa: F401 (tool_model: a fixture)
 from toolbox_train.commands import finetune
 
 FULLGRAPH = {"backend": "eager", "fullgraph": True}
@@ -265,3 +266,42 @@ def test_a_run_that_falls_back_says_so_and_trains(tmp_path, tiny_model):
     assert resolved["_resolved"]["sampler"] == "transformers"
     assert resolved["_resolved"]["sampler_why"].startswith("compiled cannot serve this run (the generation config: "
                                                            "repetition_penalty 1.1")
+
+
+def test_the_tool_loop_decodes_each_turn_with_the_loop(tmp_path, tool_model, monkeypatch):
+    """TRL's tool loop calls `_generate_single_turn` per turn: the first turn scripted (a call of add, as in
+    test_grpo_tools), the turn after the tool's result decoded by the compiled loop, on the LoRA merged; the
+    tool's result reaches the reward."""
+    from toolbox_train.generation import decode
+    from toolbox_train.generation.trainer import CompiledLoop
+
+    real_turn, real_generate = CompiledLoop._generate_single_turn, decode.Loop.generate
+    batches = []
+
+    def turn(self, prompt_ids, images, multimodal_fields, *args, **kw):
+        if not any("<tool_response>" in t for t in self.processing_class.batch_decode(prompt_ids)):
+            eos = self.processing_class.eos_token_id
+            return [self.processing_class(_call("add", a=2, b=3), add_special_tokens=False)["input_ids"] + [eos]
+                    for _ in prompt_ids], None
+        assert self._merged  # inside MergedLora's swap
+        return real_turn(self, prompt_ids, images, multimodal_fields, *args, **kw)
+
+    def generate(self, model, input_ids, *a, **kw):
+        batches.append(input_ids.shape[0])
+        return real_generate(self, model, input_ids, *a, **kw)
+
+    monkeypatch.setattr(CompiledLoop, "_generate_single_turn", turn)
+    monkeypatch.setattr(decode.Loop, "generate", generate)
+    monkeypatch.setenv("TOOL_LOG", str(tmp_path / "tool.jsonl"))
+    monkeypatch.setenv("SEEN_LOG", str(tmp_path / "seen.jsonl"))
+    (tmp_path / "agent.py").write_text(TOOLS)
+    cfg = _write(tmp_path, tool_model, _chat_rows(tmp_path / "d.jsonl"), **{
+        "grpo.generation": "compiled", "grpo.tools": ["agent:add"],
+        "grpo.rewards": [{"function": "agent:used_the_tool"}], "grpo.max_tool_calling_iterations": 1})
+    assert finetune.main(["--config", str(cfg)]) == 0
+    assert len((tmp_path / "tool.jsonl").read_text().splitlines()) == 8  # 2 steps x 4 calls, each ran
+    assert batches == [4, 4]  # the second turn of each step, decoded by the loop
+    rows = [json.loads(ln) for ln in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["reward"], r["tools/calls"], r["tools/failures"]) for r in rows] == [(1.0, 4, 0)] * 2
+    resolved = yaml.safe_load((tmp_path / "out" / "config.resolved.yaml").read_text())["_resolved"]
+    assert resolved["sampler"] == "compiled" and resolved["sampler_merged"] is True
