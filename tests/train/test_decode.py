@@ -254,6 +254,14 @@ def test_auto_picks_the_loop_on_a_cuda_gpu_and_falls_back_where_it_cannot_serve(
     assert "the model: its cache has sliding-window" in extras["sampler_why"], extras
     extras = _resolved(tmp_path, tiny_model, gpu=True, **{"grpo.top_p": 0.9, "grpo.top_k": 5, "grpo.min_p": 0.1})
     assert extras["sampler"] == "compiled", extras  # TRL's other sampling settings: the loop has them
+    # what TRL leaves unset comes from the model's generation_config.json, as generate reads it
+    import shutil
+
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    (model / "generation_config.json").write_text(json.dumps({"no_repeat_ngram_size": 3, "top_p": 0.5}))
+    extras = _resolved(tmp_path, model, gpu=True)
+    assert extras["sampler"] == "transformers-static", extras
+    assert "no_repeat_ngram_size 3" in extras["sampler_why"], extras
 
 
 def test_a_run_that_falls_back_says_so_and_trains(tmp_path, tiny_model):

@@ -174,11 +174,13 @@ class Loop:
         self.t.zero_()
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         self.pos.copy_(positions[:, -1])
-        optimize = getattr(model, "_optimize_model_for_decode", contextlib.nullcontext)
-        with torch.no_grad(), optimize():
+        with torch.no_grad():
             logits = model(input_ids=ids, position_ids=positions, attention_mask=self.mask, past_key_values=self.cache,
                            use_cache=True, **self.keep).logits
             self._advance(logits[:, -1])
+        # generate's switch for decoding (a GPU's MoE experts: batched_mm for one token a sequence)
+        optimize = getattr(model, "_optimize_model_for_decode", contextlib.nullcontext)
+        with torch.no_grad(), optimize():
             for i in range(1, c):
                 if self.graphs:
                     torch.compiler.cudagraph_mark_step_begin()  # each step a new replay of the CUDA graph
@@ -189,4 +191,4 @@ class Loop:
         ended = torch.isin(out, self.eos)
         if ended.any(-1).all():  # every sequence ended: generate stopped at the step the last one did
             out = out[:, :int(ended.int().argmax(-1).max()) + 1]
-        return torch.cat([input_ids, out.clone()], dim=-1)
+        return torch.cat([input_ids, out], dim=-1)  # a new tensor: the buffer is the next call's
