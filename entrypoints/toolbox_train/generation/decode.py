@@ -56,7 +56,10 @@ def model_unsupported(config) -> str | None:
         return "an encoder-decoder model"
     if getattr(config, "vision_config", None) is not None:
         return "a vision-language model"
-    layers = StaticCache(config=config, max_cache_len=1).layers  # lazy: nothing allocated
+    try:
+        layers = StaticCache(config=config, max_cache_len=1).layers  # lazy: nothing allocated
+    except Exception as exc:  # a model whose config transformers' StaticCache cannot read
+        return f"no static cache for it ({type(exc).__name__})"
     if any(type(layer) is not StaticLayer for layer in layers):
         return "its cache has sliding-window or other non-full-attention layers"
     try:
