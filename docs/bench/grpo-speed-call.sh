@@ -8,10 +8,10 @@
 # GENERATION lists the rows, each [tools:][BACKEND:]SAMPLER[+nomerge] (backend hf unless named; +nomerge sets
 # grpo.merge_lora: false). The default (issue 46; the compiled row not run on a GPU yet, its compile time unknown):
 #   transformers+nomerge  TRL's default: generate's dynamic cache, LoRA unmerged (plain `transformers` merges now)
-#   transformers-static   static cache + transformers' compiled decoding + LoRA merged (auto's pick until 2026-12-07)
+#   transformers-static   static cache + transformers' compiled decoding + LoRA merged (auto's pick)
 #   compiled              the Toolbox's decoding loop (generation/decode.py: CUDA graphs, host check every 32
-#                         tokens) + LoRA merged; what auto picks on CUDA now, pending this row
-#   tools:auto            a tool-calling row: grpo.tools (add(a, b)), first turn scripted (docs/bench/grpo_tools_row.py)
+#                         tokens) + LoRA merged; auto picks it only once this row measures it faster
+#   tools:compiled        a tool-calling row: grpo.tools (add(a, b)), first turn scripted (docs/bench/grpo_tools_row.py)
 # GRPO_RATIO compares each to BASE (default transformers+nomerge); GRPO_TOOLS gives the tool row's logged metrics.
 # Issue 41's rows: GENERATION=transformers,auto SHAPES=llama-1b,qwen3-0.6b BASE=transformers. The Unsloth rows:
 #   GENERATION=unsloth:transformers,unsloth:transformers-static,hf:transformers-static BASE=unsloth:transformers
@@ -35,7 +35,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 $PY -c 'import torch, transformers, trl, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "trl", trl.__version__, "peft", peft.__version__)' 2>&1 | tail -1
 case ${GENERATION:-} in *unsloth:*) $PY -c 'from importlib.metadata import version as v; print("unsloth", v("unsloth"), "unsloth_zoo", v("unsloth_zoo"))' 2>&1 | tail -1 ;; esac
 timeout ${LIMIT:-520} $PY $R/docs/bench/grpo_rows.py $OUT/grpo $WORK --shapes ${SHAPES:-llama-1b} \
-  --generation ${GENERATION:-transformers+nomerge,transformers-static,compiled,tools:auto} --repeats ${REPEATS:-1}
+  --generation ${GENERATION:-transformers+nomerge,compiled,tools:compiled,transformers-static} --repeats ${REPEATS:-1}
 echo "rc $?"
 $PY - "$OUT/grpo/grpo-rows.json" "${BASE:-transformers+nomerge}" <<'PYEOF'
 import json, statistics, sys

@@ -155,11 +155,10 @@ def compiled_refusal(section, ctx) -> str | None:
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def pick(section, backend: str, gpu: bool, cannot_compile: str | None = None,
-         modes: tuple[str, ...] = MODES) -> tuple[str, str]:
+def pick(section, backend: str, gpu: bool, cannot_compile: str | None = None) -> tuple[str, str]:
     """The sampler a run uses, and why: the section's `generation` as set, or what `auto` resolves to.
     `gpu`: the run (or the machine planned for) trains on a GPU. `cannot_compile`: why the compiled loop
-    cannot serve the run (`compiled_refusal`; None: it can), asked only where it could be picked."""
+    cannot serve the run (`compiled_refusal`; None: it can), asked where the config sets `compiled`."""
     g = section.generation
     fallback = "transformers-static" if gpu else "transformers"
     if g == "compiled" and cannot_compile:
@@ -176,22 +175,10 @@ def pick(section, backend: str, gpu: bool, cannot_compile: str | None = None,
         # transformers compiles decoding only on an accelerator (generate's _valid_auto_compile_criteria):
         # a static cache alone is the dynamic one's work in a preallocated buffer
         return "transformers", "auto: on the CPU transformers compiles no decoding"
-    static = ("auto: static cache + compiled decoding (H100, 2026-12-06: 2.9x generate's dynamic cache on "
-              "llama-1b, 4.5x on qwen3-0.6b)")
-    if "compiled" not in modes or not cuda():
-        return "transformers-static", static
-    if cannot_compile:
-        return "transformers-static", f"{static}; the compiled loop cannot serve this run ({cannot_compile})"
-    return "compiled", ("auto: the compiled decoding loop on CUDA (CUDA graphs, the host's check every 32 "
-                        "tokens; pending its GPU record: not measured on a GPU yet)")
-
-
-def cuda() -> bool:
-    """This torch is not a ROCm build (the compiled loop's CUDA graphs are picked on CUDA only; a plan for
-    another machine from a CPU box counts as CUDA: the GPU machines planned for are Hopper)."""
-    import torch
-
-    return torch.version.hip is None
+    # `compiled` (generation/decode.py) is not picked until a GPU row measures it against this one: every
+    # device call of 2026-12-07's fifth session was refused or taken back (docs/bench/NEXT-CALL.md)
+    return "transformers-static", ("auto: static cache + compiled decoding (H100, 2026-12-06: 2.9x generate's "
+                                   "dynamic cache on llama-1b, 4.5x on qwen3-0.6b)")
 
 
 def merge(section, where: str, sampler: str, ctx) -> tuple[bool, str]:
@@ -220,8 +207,7 @@ def resolve(section, field: str, ctx, modes: tuple[str, ...] = MODES) -> dict:
         raise UserError(f"{field}: {section.generation} is not a sampler this objective's trainer has "
                         f"({', '.join(modes)})")
     g = section.generation
-    ask = g == "compiled" or (g == "auto" and ctx.gpu and ctx.backend != "unsloth" and "compiled" in modes and cuda())
-    sampler, why = pick(section, ctx.backend, ctx.gpu, compiled_refusal(section, ctx) if ask else None, modes)
+    sampler, why = pick(section, ctx.backend, ctx.gpu, compiled_refusal(section, ctx) if g == "compiled" else None)
     merged, merged_why = merge(section, field.rpartition('.')[0], sampler, ctx)
     return {"sampler": sampler, "sampler_why": why, "sampler_merged": merged, "sampler_merged_why": merged_why}
 
