@@ -9,20 +9,24 @@ memory, and the memory planner's prediction beside the measured peak.
 PATH: `finetune[:BACKEND[:METHOD[:key=value,...]]]` (train.* keys, output.KEY, and the variants of
 vision_variants.py: fused_images=1, nonblocking=1, liger_tower=false, compile_tower=1|cudagraphs; BACKEND auto|hf|unsloth, METHOD lora|qlora),
 `bare[:train][:autocast][:prefetch2][:qlora]` (HF + PEFT + AdamW in a loop over a DataLoader with 4 workers, pinned
-memory and the toolbox's collation; bare_row says what the options change), `trl[:qlora]` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
+memory and the toolbox's collation; vision_refs.bare_row says what the options change), `trl[:qlora]` (TRL's SFTTrainer on the processor, its own vision collator), `unsloth-recipe`
 (FastVisionModel + UnslothVisionDataCollator + TRL's SFTTrainer, as Unsloth's vision notebooks set it up).
 Every row: LoRA r16 (alpha 32, no dropout) on the language model's linear layers, batch 4, bf16, no
-gradient checkpointing, constant learning rate, lengths padded to 64 (PAD), 4 steps then 16 timed; its own process with an empty CUDA
+gradient checkpointing, constant learning rate, lengths padded to 64 (vision_refs.PAD), 4 steps then 16 timed; its own process with an empty CUDA
 kernel cache (CUDA_CACHE_PATH), so each pays its first-run kernel builds as a user's first run does.
 SHAPE `tiny*` runs the same code on CPU in seconds (how the script is checked before a device call); `gemma3-cpu`
 (Gemma 3's layers at CPU size) and `gemma3-cpu-deep` (its layer counts, narrow: host time) are for PROFILE=1 on
 a CPU. VR_PRECISION (bf16|fp32) overrides the device's.
 Rows go to OUT/vision-rows.json and one line each on stdout; models, data and run folders to VR_WORK (default OUT).
-MEMTRACE=1 adds each Trainer row's peak of steps 1-2 by allocation site (`peak_sites`); ROW_TIMEOUT bounds a row.
+MEMTRACE=1 adds each Trainer row's peak of steps 1-2 by allocation site (vision_clock.peak_sites); ROW_TIMEOUT bounds a row.
 PROFILE=1 runs torch.profiler over steps 3-4 of every row (after MEMTRACE's, before the timed ones: timings untouched)
 and adds `profile` (step_profile.py: wall and GPU-busy seconds, top kernels and ops, cast and sync counts) to the row; the
 full tables go to OUT/profile-SHAPE-PATH.txt (every op's count and times in .json; PROFILE_STACKS=1 adds each host
 sync's call site, at a Python tracer's cost in the profiled steps). Every row says its attention implementations (`attn`).
+
+This file owns the shapes (their models and data), finetune's rows and the driver (one process a row); beside it,
+vision_clock.py every row's settings and the Trainer rows' clock (MEMTRACE, PROFILE's profiler), vision_refs.py the
+reference rows (bare, trl, unsloth-recipe), vision_variants.py finetune's variants, step_profile.py PROFILE=1's tables.
 """
 
 from __future__ import annotations
@@ -37,8 +41,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "entrypoints"), str(Path(__file__).resolve().parent)]
-BATCH, ROWS, R, LR = 4, 96, 16, 1e-4
-WARMUP, TIMED = 4, int(os.environ.get("VR_TIMED", 16))  # VR_TIMED: a longer window than a loader prefetches
+
+import vision_clock  # noqa: E402  (PROF: set here in one(), read there by the clock and the bare loop)
+from vision_clock import BATCH, LR, R, TIMED, WARMUP, Clock, _peak  # noqa: E402  (every row's settings)
+from vision_refs import bare_row, trl_row, unsloth_row  # noqa: E402  (the reference rows)
+
+ROWS = 96  # the data's rows
 GEMMA_TEXT = dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
                   head_dim=256, vocab_size=262208, sliding_window=1024, query_pre_attn_scalar=256,
                   max_position_embeddings=32768)
@@ -159,149 +167,6 @@ def make_data(path: Path, side: int) -> Path:
     return path
 
 
-# The references pad to 64 tokens as finetune does (TRL's SFTConfig and Unsloth's collator take it; neither
-# does by default): unpadded, a first run builds a new cuDNN attention graph per batch length (~1-3 s each),
-# which would put the references behind for a reason a user can set away.
-PAD = 64
-LANG_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def lora_targets(model) -> list[str]:
-    """The reference rows' LoRA targets, found here by module type: the language model's Linear layers."""
-    import torch
-
-    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "language_model" in n
-            and n.rsplit(".", 1)[-1] in LANG_LINEAR]
-
-
-def attn_impl(model) -> dict:
-    """The attention implementation the model runs, of its config and of its text and vision configs."""
-    cfg = model.config
-    subs = {"model": cfg, "text": getattr(cfg, "text_config", None), "vision": getattr(cfg, "vision_config", None)}
-    return {k: getattr(c, "_attn_implementation", None) for k, c in subs.items() if c is not None}
-
-
-class Clock:
-    """Tokens and time of the timed steps of a Trainer row: the tokens each training_step saw (non-padding,
-    summed on the device), the time from the end of step WARMUP to the end of the last (one sync at each)."""
-
-    def __init__(self):
-        self.toks, self.t0, self.t1, self.mem_at_start, self.param_bytes, self.attn = [], None, None, None, {}, None
-        self.after_step1, self.traced_from, self.memtrace = None, 0, None
-
-    def wrap(self, trainer):
-        step = trainer.training_step
-
-        def training_step(model, inputs, *a, **kw):
-            if trainer.state.global_step >= WARMUP:
-                self.toks.append(inputs["attention_mask"].sum())
-            return step(model, inputs, *a, **kw)
-
-        trainer.training_step = training_step
-        return trainer
-
-    def callback(self):
-        import torch
-        from transformers import TrainerCallback
-
-        clock = self
-
-        class C(TrainerCallback):
-            def on_train_begin(self, args, state, control, model=None, **kw):
-                clock.start(model)
-                if MEMTRACE and torch.cuda.is_available():  # warm-up steps only: the timed ones run untraced
-                    clock.traced_from = torch.cuda.memory_allocated()
-                    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
-
-            def on_step_end(self, args, state, control, **kw):
-                if state.global_step in (1, WARMUP, WARMUP + TIMED) and torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                if state.global_step == 1 and torch.cuda.is_available():  # what stays (optimizer states) and the peak
-                    clock.after_step1 = [round(torch.cuda.memory_allocated() / 2**30, 3), _peak()]
-                if state.global_step == 2 and MEMTRACE and torch.cuda.is_available():
-                    snap = torch.cuda.memory._snapshot()
-                    torch.cuda.memory._record_memory_history(enabled=None)
-                    clock.memtrace = peak_sites(snap["device_traces"][0], clock.traced_from)
-                if PROF and state.global_step in (WARMUP - 2, WARMUP):  # after MEMTRACE's steps, before the clock's
-                    (PROF.start if state.global_step == WARMUP - 2 else PROF.stop)()
-                if state.global_step == WARMUP:
-                    clock.t0 = time.perf_counter()
-                if state.global_step == WARMUP + TIMED:
-                    clock.t1 = time.perf_counter()
-
-        return C()
-
-    def start(self, model):
-        import torch
-
-        self.attn = attn_impl(model)
-        if torch.cuda.is_available():
-            self.mem_at_start = round(torch.cuda.memory_allocated() / 2**30, 3)
-        for prm in model.parameters():
-            k = f"{prm.dtype}".replace("torch.", "") + ("-trainable" if prm.requires_grad else "")
-            self.param_bytes[k] = self.param_bytes.get(k, 0) + prm.numel() * prm.element_size()
-
-    def row(self, tokens: int | None = None) -> dict:
-        tokens = int(sum(int(t) for t in self.toks)) if tokens is None else tokens
-        return {"tokens_per_s": tokens / (self.t1 - self.t0), "timed_tokens": tokens, "mem_at_start_gib":
-                self.mem_at_start, "attn": self.attn, "after_step1_alloc_peak_gib": self.after_step1, "param_gib": {k: round(v / 2**30, 3) for k, v in self.param_bytes.items()},
-                **({"memtrace": self.memtrace} if self.memtrace else {})}
-
-
-# MEMTRACE=1: the allocations of steps 1-2 recorded (torch.cuda.memory._record_memory_history) and the memory
-# live at their highest point summed by the first frame outside torch: what a peak is made of.
-MEMTRACE = os.environ.get("MEMTRACE") == "1"
-PROF = None  # PROFILE=1: one() sets a step_profile.StepProfiler
-MAX_ENTRIES = 1_000_000
-OWN = ("/torch/", "/contextlib.py", "/functools.py")
-
-
-def _site(frames: list[dict]) -> str:
-    for f in frames:
-        name = f.get("filename", "")
-        if name.endswith(".py") and not any(o in name for o in OWN):
-            short = name.split("site-packages/")[-1].split("entrypoints/")[-1]
-            return f"{short}:{f.get('line')} {f.get('name')}"
-    return "torch"
-
-
-def peak_sites(trace: list[dict], before: int, top: int = 30) -> dict:
-    """The highest point of the traced allocations (on top of `before` bytes allocated when tracing began) and
-    what was live there, summed by allocation site."""
-    cur, best, at = 0, 0, -1
-    freed = ("free_requested", "free_completed")
-    live: dict = {}
-    for i, e in enumerate(trace):  # pass 1: where the peak is
-        if e["action"] == "alloc":
-            live[e["addr"]] = e["size"]
-            cur += e["size"]
-            if cur > best:
-                best, at = cur, i
-        elif e["action"] in freed and e["addr"] in live:
-            cur -= live.pop(e["addr"])
-    live = {}
-    for e in trace[:at + 1]:  # pass 2: what is live there
-        if e["action"] == "alloc":
-            live[e["addr"]] = e
-        elif e["action"] in freed:
-            live.pop(e["addr"], None)
-    sites: dict = {}
-    for e in live.values():
-        k = _site(e.get("frames", []))
-        n, c = sites.get(k, (0, 0))
-        sites[k] = (n + e["size"], c + 1)
-    ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"before_gib": round(before / 2**30, 3), "traced_peak_gib": round((before + best) / 2**30, 3),
-            "events": len(trace), "truncated": len(trace) >= MAX_ENTRIES,
-            "sites": [[k, round(n / 2**30, 4), c] for k, (n, c) in ranked]}
-
-
-def _peak() -> float | None:
-    import torch
-
-    return round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
-
-
 def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, spec: list[str]) -> dict:
     """finetune as a user runs it: `spec` = [backend, method, key=value,...] (train.* keys, or output.KEY; defaults
     auto, lora)."""
@@ -337,163 +202,6 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
             "losses": [round(s["loss"], 4) for s in steps if "loss" in s][:WARMUP + TIMED]}
 
 
-def _rows(data: Path) -> list[dict]:
-    from toolbox_train.data.dataset import load_raw
-
-    ds, _, _ = load_raw(str(data), "train", data.parent, "data.path", "auto", "text")
-    return [{"messages": r["messages"], "images": [str(data.parent / p) for p in r["images"]]} for r in ds]
-
-
-def nf4() -> dict:
-    """The references' `qlora` option: QLoRA's 4-bit NF4 load as finetune's (training/loading.py), written out as a
-    user would."""
-    import torch
-    from transformers import BitsAndBytesConfig
-
-    return {"quantization_config": BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)}
-
-
-def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[str, ...] = ()) -> dict:
-    """HF + PEFT + AdamW (fused) in a loop; a DataLoader with 4 workers, pinned memory and prefetching runs the
-    toolbox's collation (labels on the answers, lengths padded to 64) beside the GPU. `opts` (`bare:train:autocast`):
-    `train` puts the model in train mode (from_pretrained leaves it in eval mode, the Trainer calls train()),
-    `autocast` runs the forward under torch.autocast in bf16 as the Trainer does, `prefetch2` prefetches 2 batches a
-    worker (the Trainer's default) instead of 4, `qlora` loads the model in 4 bits (nf4)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from torch.utils.data import DataLoader
-    from transformers import AutoModelForImageTextToText
-
-    from toolbox_train.models.vision import load_processor
-    from toolbox_train.training.vision import PAD_MULTIPLE, VisionCollator
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    torch.manual_seed(0)
-    if "qlora" in opts:
-        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype, device_map={"": dev}, **nf4())
-    else:
-        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(dev)
-    model = get_peft_model(model, LoraConfig(r=R, lora_alpha=2 * R, lora_dropout=0.0, target_modules=lora_targets(model)))
-    if "train" in opts:
-        model.train()
-    autocast = torch.autocast(dev, dtype=torch.bfloat16, enabled="autocast" in opts and dtype == torch.bfloat16)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, fused=dev == "cuda")
-    workers = 4 if dev == "cuda" else 0
-    loader = DataLoader(_rows(data), batch_size=BATCH, shuffle=True, num_workers=workers, pin_memory=dev == "cuda",
-                        collate_fn=VisionCollator(load_processor(str(model_dir)), seq,
-                                                  pad_multiple=PAD_MULTIPLE if dev == "cuda" else 1),
-                        persistent_workers=workers > 0,
-                        prefetch_factor=(2 if "prefetch2" in opts else 4) if workers else None,
-                        generator=torch.Generator().manual_seed(0))
-    toks, t0, losses = [], None, []
-    def epochs():  # as the Trainer does: a window longer than an epoch (24 batches) goes on into the next
-        while True:
-            yield from loader
-
-    batches = epochs()
-    for k in range(WARMUP + TIMED):
-        if PROF and k == WARMUP - 2:  # the same two steps as a Trainer row's, their batches' waits included
-            PROF.start()
-        if k == WARMUP:
-            torch.cuda.synchronize() if dev == "cuda" else None
-            t0 = time.perf_counter()
-        b = {n: v.to(dev, non_blocking=True) for n, v in next(batches).items()}
-        if k >= WARMUP:
-            toks.append(b["attention_mask"].sum())
-        with autocast:
-            loss = model(**b).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
-        if PROF and k == WARMUP - 1:
-            PROF.stop()
-    torch.cuda.synchronize() if dev == "cuda" else None
-    secs = time.perf_counter() - t0
-    tokens = int(sum(int(t) for t in toks))
-    return {"tokens_per_s": tokens / secs, "timed_tokens": tokens, "peak_gib": _peak(), "attn": attn_impl(model),
-            "losses": [round(float(x), 4) for x in losses]}
-
-
-def _trl_args(out: Path, precision: str, seq: int, **kw):
-    from trl import SFTConfig
-
-    return SFTConfig(output_dir=str(out), per_device_train_batch_size=BATCH, max_steps=WARMUP + TIMED,
-                     learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, bf16=precision == "bf16",
-                     use_cpu=precision != "bf16", gradient_checkpointing=False, logging_steps=1, save_strategy="no",
-                     report_to=[], seed=0, max_length=seq, **kw)
-
-
-def trl_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int, opts: tuple[str, ...] = ()) -> dict:
-    """TRL's SFTTrainer on the processor, as TRL's docs set up vision SFT: `messages` + `images` (PIL) rows, the
-    trainer's own vision collator, a PEFT LoraConfig; train on the whole sequence (TRL's default here)."""
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from PIL import Image
-    from transformers import AutoModelForImageTextToText
-    from trl import SFTTrainer
-
-    from toolbox_train.models.vision import load_processor
-
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype, **(nf4() if "qlora" in opts else {}))
-    rows = [{"messages": r["messages"], "images": [Image.open(p).convert("RGB") for p in r["images"]]}
-            for r in _rows(data)]
-    clock = Clock()
-    trainer = SFTTrainer(model=model, args=_trl_args(out, precision, seq, pad_to_multiple_of=PAD, dataloader_num_workers=4
-                                                     if precision == "bf16" else 0),
-                         train_dataset=Dataset.from_list(rows), processing_class=load_processor(str(model_dir)),
-                         peft_config=LoraConfig(r=R, lora_alpha=2 * R, lora_dropout=0.0,
-                                                target_modules=lora_targets(model)),
-                         callbacks=[clock.callback()])
-    clock.wrap(trainer).train()
-    return {**clock.row(), "peak_gib": _peak(),
-            "losses": [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h]}
-
-
-def unsloth_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int, method: str = "lora") -> dict:
-    """Unsloth's vision notebooks: FastVisionModel (16-bit for LoRA, 4-bit for QLoRA), get_peft_model on the
-    language layers, for_training, UnslothVisionDataCollator, SFTTrainer with remove_unused_columns=False,
-    dataset_text_field "", skip_prepare_dataset and adamw_8bit (the notebooks' optimizer)."""
-    from unsloth import FastVisionModel
-    from unsloth.trainer import UnslothVisionDataCollator
-    from PIL import Image
-    from trl import SFTTrainer
-
-    import torch
-
-    model, proc = FastVisionModel.from_pretrained(str(model_dir), load_in_4bit=method == "qlora",
-                                                 load_in_16bit=method == "lora", max_seq_length=seq,
-                                                 use_gradient_checkpointing=False)
-    model = FastVisionModel.get_peft_model(model, finetune_vision_layers=False, finetune_language_layers=True,
-                                           finetune_attention_modules=True, finetune_mlp_modules=True, r=R,
-                                           lora_alpha=2 * R, lora_dropout=0, bias="none", random_state=0,
-                                           use_gradient_checkpointing=False)
-    FastVisionModel.for_training(model)
-
-    def convert(r):  # the notebooks' form: the image inside the user turn
-        imgs = iter([Image.open(p).convert("RGB") for p in r["images"]])
-        return {"messages": [{"role": m["role"], "content": [
-            {"type": "image", "image": next(imgs)} if c["type"] == "image" else c for c in m["content"]]}
-            for m in r["messages"]]}
-
-    clock = Clock()
-    trainer = SFTTrainer(model=model, processing_class=proc, data_collator=UnslothVisionDataCollator(model, proc, pad_to_multiple_of=PAD),
-                         train_dataset=[convert(r) for r in _rows(data)],
-                         args=_trl_args(out, precision, seq, optim="adamw_8bit", remove_unused_columns=False,
-                                        dataset_text_field="", dataset_kwargs={"skip_prepare_dataset": True},
-                                        dataloader_num_workers=0),
-                         callbacks=[clock.callback()])
-    clock.wrap(trainer).train()
-    del torch
-    return {**clock.row(), "peak_gib": _peak(),
-            "losses": [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h]}
-
-
 def _slug(path: str) -> str:
     return path.replace(':', '-').replace(',', '-').replace('=', '')
 
@@ -501,11 +209,10 @@ def _slug(path: str) -> str:
 def one(out: Path, shape: str, path: str) -> dict:
     import torch
 
-    global PROF
     if os.environ.get("PROFILE") == "1":  # its table beside the row's log, in what a device call returns
         from step_profile import StepProfiler  # beside this file, on sys.path from the top
 
-        PROF = StepProfiler(out / f"profile-{shape}-{_slug(path)}.txt")
+        vision_clock.PROF = StepProfiler(out / f"profile-{shape}-{_slug(path)}.txt")
     precision = os.environ.get("VR_PRECISION") or ("bf16" if torch.cuda.is_available() else "fp32")
     out = Path(os.environ.get("VR_WORK", out))  # models, data and runs (VR_WORK: kept out of what a device call returns)
     model = make_model(shape, out / f"model-{shape}")
@@ -526,7 +233,7 @@ def one(out: Path, shape: str, path: str) -> dict:
         raise SystemExit(f"unknown path {path}")
     return {"shape": shape, "path": path, "precision": precision, "batch": BATCH, "warmup_steps": WARMUP,
             "timed_steps": TIMED, "wall_s": round(time.time() - t0, 1), **row,
-            **({"profile": PROF.summary} if PROF else {})}
+            **({"profile": vision_clock.PROF.summary} if vision_clock.PROF else {})}
 
 
 def in_process(script: str, out: Path, shape: str, key: str, name: str, log: Path, env: dict) -> dict:
