@@ -4,7 +4,7 @@ smaller batch after a larger one), also with the step traced whole by torch.comp
 eager backend: what the GPU's CUDA-graph compile needs, without a GPU); with a LoRA merged and unmerged
 through the trainers; top_k 1 sampling is greedy; temperature + top_p sampling draws only from the top-p
 set; GRPO and RLOO runs through finetune with it, TRL's tool loop decoding its later turns with it; and
-what the loop cannot serve resolves to the fallback with its reason."""
+what the loop cannot serve, set by hand, is refused in one line with its reason."""
 
 from __future__ import annotations
 
@@ -235,7 +235,9 @@ def test_grpo_and_rloo_train_with_the_compiled_loop(tmp_path, tiny_model, monkey
         calls.clear()
 
 
-def test_the_loop_where_set_and_the_fallback_where_it_cannot_serve(tmp_path, tiny_model, tiny_models):
+def test_the_loop_where_set_and_refused_where_it_cannot_serve(tmp_path, tiny_model, tiny_models):
+    from toolbox_train.contract import UserError
+
     # auto stays the static cache on a GPU until a GPU row measures the loop against it (docs/bench/NEXT-CALL.md)
     extras = _resolved(tmp_path, tiny_model, gpu=True, **{"grpo.generation": "auto"})
     assert extras["sampler"] == "transformers-static", extras
@@ -243,40 +245,35 @@ def test_the_loop_where_set_and_the_fallback_where_it_cannot_serve(tmp_path, tin
     assert extras["sampler"] == "transformers", extras
     extras = _resolved(tmp_path, tiny_model, gpu=True)  # set in the config (GRPO)
     assert extras["sampler"] == "compiled" and extras["sampler_why"] == "set in the config", extras
-    extras = _resolved(tmp_path, tiny_model, gpu=True, **{"grpo.repetition_penalty": 1.1})
-    assert extras["sampler"] == "transformers-static", extras
-    assert extras["sampler_why"] == ("compiled cannot serve this run (the generation config: repetition_penalty 1.1 "
-                                     "(the compiled loop has no repetition_penalty)): transformers-static instead")
-    # set in the config: the fallback and its reason, recorded in the resolved run
-    extras = _resolved(tmp_path, tiny_model, **{"grpo.repetition_penalty": 1.1})
-    assert extras["sampler"] == "transformers", extras
-    assert extras["sampler_why"] == ("compiled cannot serve this run (the generation config: repetition_penalty 1.1 "
-                                     "(the compiled loop has no repetition_penalty)): transformers instead")
-    extras = _resolved(tmp_path, tiny_models("gemma3"), gpu=True)
-    assert extras["sampler"] == "transformers-static", extras
-    assert "the model: its cache has sliding-window" in extras["sampler_why"], extras
     extras = _resolved(tmp_path, tiny_model, gpu=True, **{"grpo.top_p": 0.9, "grpo.top_k": 5, "grpo.min_p": 0.1})
     assert extras["sampler"] == "compiled", extras  # TRL's other sampling settings: the loop has them
+    # set by hand where it cannot serve the run: refused with the reason, as merge_lora: true is
+    with pytest.raises(UserError) as e:
+        _resolved(tmp_path, tiny_model, gpu=True, **{"grpo.repetition_penalty": 1.1})
+    assert str(e.value).endswith("grpo.generation: compiled cannot serve this run: the generation config: "
+                                 "repetition_penalty 1.1 (the compiled loop has no repetition_penalty); use "
+                                 "transformers-static (or auto)"), e.value  # after the config file's name
+    with pytest.raises(UserError, match=r"; use transformers \(or auto\)$"):  # the CPU's sampler named
+        _resolved(tmp_path, tiny_model, **{"grpo.repetition_penalty": 1.1})
+    with pytest.raises(UserError, match="the model: its cache has sliding-window"):
+        _resolved(tmp_path, tiny_models("gemma3"), gpu=True)
     # what TRL leaves unset comes from the model's generation_config.json, as generate reads it
     import shutil
 
     model = shutil.copytree(tiny_model, tmp_path / "model")
     (model / "generation_config.json").write_text(json.dumps({"no_repeat_ngram_size": 3, "top_p": 0.5}))
-    extras = _resolved(tmp_path, model, gpu=True)
-    assert extras["sampler"] == "transformers-static", extras
-    assert "no_repeat_ngram_size 3" in extras["sampler_why"], extras
+    with pytest.raises(UserError, match="no_repeat_ngram_size 3"):
+        _resolved(tmp_path, model, gpu=True)
 
 
-def test_a_run_that_falls_back_says_so_and_trains(tmp_path, tiny_model):
+def test_a_run_it_cannot_serve_is_one_line_and_exit_2_before_anything_is_written(tmp_path, tiny_model, capsys):
     prompts = pref.write(tmp_path / "g.jsonl", "prompt", 8)
     out = tmp_path / "out"
     cfg = write_train_config(tmp_path / "t.yaml", tiny_model, prompts, out, **{**GRPO, "grpo.repetition_penalty": 1.1})
-    assert finetune.main(["--config", str(cfg)]) == 0
-    resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
-    assert resolved["grpo"]["repetition_penalty"] == 1.1
-    assert resolved["_resolved"]["sampler"] == "transformers"
-    assert resolved["_resolved"]["sampler_why"].startswith("compiled cannot serve this run (the generation config: "
-                                                           "repetition_penalty 1.1")
+    assert finetune.main(["--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.generation: compiled cannot serve this run: the generation config: repetition_penalty 1.1" in err
+    assert "Traceback" not in err and not out.exists(), err
 
 
 def test_the_tool_loop_decodes_each_turn_with_the_loop(tmp_path, tool_model, monkeypatch):

@@ -5,9 +5,8 @@ on by generation/trainer.py), transformers' continuous batching (`transformers-p
 `use_transformers_continuous_batching`), or TRL's vLLM colocate mode (`use_vllm`, `vllm_mode:
 colocate`: a vLLM engine in the training process, its share of memory `vllm_gpu_memory_utilization`).
 `compiled` is the Toolbox's own decoding loop over the same static cache (generation/decode.py: one
-compiled step per token, the host's check every 32 tokens); a run it cannot serve (`compiled_refusal`: the
-model, the sampling settings, the backend) falls back to `transformers-static` (on the CPU `transformers`),
-the reason recorded. `auto` picks the fastest this machine runs (`pick`), measured on an H100
+compiled step per token, the host's check every 32 tokens), set by hand: a run it cannot serve
+(`compiled_refusal`: the model, the sampling settings, the backend) is refused in one line. `auto` picks the fastest this machine runs (`pick`), measured on an H100
 (docs/preference.md); the pick is made once, when the run is resolved (`extras`), and every later step
 reads it there.
 
@@ -155,14 +154,10 @@ def compiled_refusal(section, ctx) -> str | None:
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def pick(section, backend: str, gpu: bool, cannot_compile: str | None = None) -> tuple[str, str]:
+def pick(section, backend: str, gpu: bool) -> tuple[str, str]:
     """The sampler a run uses, and why: the section's `generation` as set, or what `auto` resolves to.
-    `gpu`: the run (or the machine planned for) trains on a GPU. `cannot_compile`: why the compiled loop
-    cannot serve the run (`compiled_refusal`; None: it can), asked where the config sets `compiled`."""
+    `gpu`: the run (or the machine planned for) trains on a GPU."""
     g = section.generation
-    fallback = "transformers-static" if gpu else "transformers"
-    if g == "compiled" and cannot_compile:
-        return fallback, f"compiled cannot serve this run ({cannot_compile}): {fallback} instead"
     if g != "auto":
         return g, "set in the config"
     if backend == "unsloth":
@@ -206,8 +201,11 @@ def resolve(section, field: str, ctx, modes: tuple[str, ...] = MODES) -> dict:
     if section.generation not in modes:
         raise UserError(f"{field}: {section.generation} is not a sampler this objective's trainer has "
                         f"({', '.join(modes)})")
-    g = section.generation
-    sampler, why = pick(section, ctx.backend, ctx.gpu, compiled_refusal(section, ctx) if g == "compiled" else None)
+    why_not = compiled_refusal(section, ctx) if section.generation == "compiled" else None
+    if why_not:  # set by hand, as merge_lora: true is: refused, not swapped for another sampler
+        fallback = "transformers-static" if ctx.gpu else "transformers"
+        raise UserError(f"{field}: compiled cannot serve this run: {why_not}; use {fallback} (or auto)")
+    sampler, why = pick(section, ctx.backend, ctx.gpu)
     merged, merged_why = merge(section, field.rpartition('.')[0], sampler, ctx)
     return {"sampler": sampler, "sampler_why": why, "sampler_merged": merged, "sampler_merged_why": merged_why}
 

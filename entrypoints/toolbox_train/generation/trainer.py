@@ -117,7 +117,7 @@ class CompiledLoop:
     each turn) decoded by the Toolbox's loop (generation/decode.py) instead of `generate`, under the same
     block name of TRL's profiler ("transformers.generate"), the model unwrapped as TRL unwraps it. Its
     result is TRL's: each completion up to its first EOS (GRPO's variant, which takes `num_generations`,
-    with logprobs None beside it). The run was resolved to this sampler only where the loop serves it
+    with logprobs None beside it). A run the loop cannot serve was refused when it was resolved
     (generation/sampler.py compiled_refusal); what still turns up here that it cannot serve (images, a
     generation config changed since) stops the run with the reason, never a silent switch."""
 

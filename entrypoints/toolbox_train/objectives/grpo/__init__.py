@@ -28,7 +28,7 @@ class GrpoCfg(_Strict):
     max_completion_length: int = Field(128, gt=0, description="tokens generated per completion")
     temperature: float = Field(1.0, gt=0)
     # TRL's sampling settings beside the temperature (its names and defaults; generation: compiled serves all but
-    # repetition_penalty, which falls back to transformers-static: generation/sampler.py compiled_refusal)
+    # repetition_penalty, which it refuses: generation/sampler.py compiled_refusal)
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens this likely")
     top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens (0: all)")
     min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below min_p x the top token's probability")
