@@ -234,3 +234,33 @@ def write_train_config(path, model_dir, data_path, output_dir, **overrides) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(train_config(model_dir, data_path, output_dir, **overrides), sort_keys=False))
     return path
+
+
+def lora_trainers(tmp_path, model_dir, base: dict, runs: dict, max_new_tokens: int | None = None):
+    """(model, tokenizer, name -> trainer): each run's config (`base` with its overrides) resolved, preflighted and
+    built as its objective's TRL trainer around ONE LoRA model (B random, so the adapter is no no-op at step 0),
+    generating greedily (`max_new_tokens` as set, else the config's)."""
+    from peft import LoraConfig, get_peft_model
+
+    from helpers import pref
+    from toolbox_train.planning import preflight
+    from toolbox_train.planning.run import Dist, resolve
+    from toolbox_train.training import loading
+    from toolbox_train.units import registry
+
+    prompts = pref.write(Path(tmp_path) / "g.jsonl", "prompt", 8)
+    model = tok = None
+    out = {}
+    for name, over in runs.items():
+        p = resolve(train_config(model_dir, prompts, Path(tmp_path) / str(name), **{**base, **over}), check_output=False)
+        p, train_ds, _ = preflight.validate(p)
+        if model is None:
+            base_model, tok, _ = loading.load(p, Dist())
+            tok.pad_token = tok.pad_token or tok.eos_token
+            model = get_peft_model(base_model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                          init_lora_weights=False))
+        out[name] = t = registry.build(p, Dist(), model, tok, None, train_ds, None, [])
+        t.generation_config.do_sample = False
+        if max_new_tokens is not None:
+            t.generation_config.max_new_tokens = max_new_tokens
+    return model, tok, out

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from helpers import pref
-from helpers.tiny import train_config, write_train_config
+from helpers.tiny import lora_trainers, train_config, write_train_config
 from test_grpo_tools import TOOLS, _call, _chat_rows, _write, tool_model  # noqa: F401 (tool_model: a fixture)
 from toolbox_train.commands import finetune
 
@@ -134,32 +134,6 @@ def test_top_p_sampling_draws_from_the_top_p_set_only(tiny, compile):
     assert len(set(out[:, width:].flatten().tolist())) > 10  # and it did sample (not a greedy run)
 
 
-def _trainers(tmp_path, tiny_model, runs: dict):
-    """name -> TRL trainer built for the same LoRA model (B random: the adapter is not a no-op at step 0)."""
-    from peft import LoraConfig, get_peft_model
-
-    from toolbox_train.planning import preflight
-    from toolbox_train.planning.run import Dist, resolve
-    from toolbox_train.training import loading
-    from toolbox_train.units import registry
-
-    prompts = pref.write(tmp_path / "g.jsonl", "prompt", 8)
-    model = tok = None
-    out = {}
-    for name, over in runs.items():
-        p = resolve(train_config(tiny_model, prompts, tmp_path / name, **{**GRPO, **over}), check_output=False)
-        p, train_ds, _ = preflight.validate(p)
-        if model is None:
-            base, tok, _ = loading.load(p, Dist())
-            tok.pad_token = tok.pad_token or tok.eos_token
-            model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                    init_lora_weights=False))
-        out[name] = t = registry.build(p, Dist(), model, tok, None, train_ds, None, [])
-        t.generation_config.do_sample = False
-        t.generation_config.max_new_tokens = 12
-    return model, tok, out
-
-
 def test_lora_merged_and_unmerged_greedy_completions_are_generates(tmp_path, tiny_model):
     """Three trainers on one LoRA model: the compiled loop on merged weights, on the adapters unmerged,
     and TRL's default generate unmerged; the same greedy completions before and after an optimizer step."""
@@ -167,9 +141,9 @@ def test_lora_merged_and_unmerged_greedy_completions_are_generates(tmp_path, tin
 
     from toolbox_train.generation.trainer import CompiledLoop, MergedLora
 
-    model, tok, trainers = _trainers(tmp_path, tiny_model, {
+    model, tok, trainers = lora_trainers(tmp_path, tiny_model, GRPO, {
         "merged": {"grpo.merge_lora": True}, "unmerged": {"grpo.merge_lora": False},
-        "generate": {"grpo.generation": "transformers", "grpo.merge_lora": False}})
+        "generate": {"grpo.generation": "transformers", "grpo.merge_lora": False}}, max_new_tokens=12)
     assert isinstance(trainers["merged"], CompiledLoop) and isinstance(trainers["merged"], MergedLora)
     assert isinstance(trainers["unmerged"], CompiledLoop) and not isinstance(trainers["unmerged"], MergedLora)
     assert not isinstance(trainers["generate"], CompiledLoop)

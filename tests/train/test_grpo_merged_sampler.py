@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import pref
-from helpers.tiny import train_config, write_train_config
+from helpers.tiny import lora_trainers, write_train_config
 from toolbox_train.commands import finetune
 
 GRPO = {"objective": "grpo", "method": "lora", "train.per_device_batch_size": 4, "grpo.num_generations": 2,
@@ -19,31 +19,14 @@ GRPO = {"objective": "grpo", "method": "lora", "train.per_device_batch_size": 4,
 
 def test_merged_greedy_completions_equal_the_unmerged_before_and_after_a_step(tmp_path, tiny_model):
     import torch
-    from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import Linear as LoraLinear
 
     from toolbox_train.generation.trainer import MergedLora
-    from toolbox_train.planning import preflight
-    from toolbox_train.planning.run import Dist, resolve
-    from toolbox_train.training import loading
-    from toolbox_train.units import registry
 
-    prompts = pref.write(tmp_path / "g.jsonl", "prompt", 8)
-    model = tok = None
-    trainers = {}
-    for merge in (True, False):
-        p = resolve(train_config(tiny_model, prompts, tmp_path / str(merge), **{**GRPO, "grpo.merge_lora": merge}),
-                    check_output=False)
-        assert p.extras["sampler_merged"] is merge
-        p, train_ds, _ = preflight.validate(p)
-        if model is None:
-            base, tok, _ = loading.load(p, Dist())
-            tok.pad_token = tok.pad_token or tok.eos_token
-            # B random too (PEFT's default B = 0 would make the adapter a no-op before the first step)
-            model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                    init_lora_weights=False))
-        trainers[merge] = t = registry.build(p, Dist(), model, tok, None, train_ds, None, [])
-        t.generation_config.do_sample = False
+    # B random too (PEFT's default B = 0 would make the adapter a no-op before the first step): lora_trainers
+    model, tok, trainers = lora_trainers(tmp_path, tiny_model, GRPO, {m: {"grpo.merge_lora": m} for m in (True, False)})
+    for merge, t in trainers.items():
+        assert t.toolbox_run.extras["sampler_merged"] is merge
     assert isinstance(trainers[True], MergedLora) and not isinstance(trainers[False], MergedLora)
     ids = tok("w5 w9 w13 w20", add_special_tokens=False)["input_ids"]
     frozen = {n: w.detach().clone() for n, w in model.named_parameters() if "lora_" not in n}
