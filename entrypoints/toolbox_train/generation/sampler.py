@@ -29,7 +29,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, requires, version
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from toolbox_train.contract import UserError
 
@@ -150,8 +150,18 @@ def compiled_refusal(section, ctx) -> str | None:
     return f"the generation config: {why}" if why else None
 
 
-# The sections' sampling fields, TRL's GRPOConfig/RLOOConfig names (what TRL puts in its GenerationConfig)
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+class Sampling(BaseModel):
+    """TRL's sampling settings beside the temperature, under its GRPOConfig/RLOOConfig names and defaults (what TRL
+    puts in its GenerationConfig); the sections that generate take them by inheriting this. `compiled` serves all
+    but repetition_penalty, which it refuses (compiled_refusal)."""
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens this likely")
+    top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens (0: all)")
+    min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below min_p x the top token's probability")
+    repetition_penalty: float = Field(1.0, gt=0, description="> 1 penalizes tokens already in the prompt "
+                                      "or completion")
+
+
+SAMPLING = ("temperature", *Sampling.model_fields)  # what compiled_refusal reads from a section
 
 
 def pick(section, backend: str, gpu: bool) -> tuple[str, str]:

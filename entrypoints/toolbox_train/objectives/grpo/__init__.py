@@ -23,17 +23,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
 
 
-class GrpoCfg(_Strict):
+class GrpoCfg(_Strict, sampler.Sampling):
     num_generations: int = Field(4, ge=2, description="completions sampled per prompt (the group)")
     max_completion_length: int = Field(128, gt=0, description="tokens generated per completion")
     temperature: float = Field(1.0, gt=0)
-    # TRL's sampling settings beside the temperature (its names and defaults; generation: compiled serves all but
-    # repetition_penalty, which it refuses: generation/sampler.py compiled_refusal)
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens this likely")
-    top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens (0: all)")
-    min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below min_p x the top token's probability")
-    repetition_penalty: float = Field(1.0, gt=0, description="> 1 penalizes tokens already in the prompt "
-                                      "or completion")
     beta: float = Field(0.0, ge=0, description="KL weight; > 0 needs the reference model")
     rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")
     # Agents (TRL 1.15's GRPOTrainer `tools`, `environment_factory`; planning/tools.py checks them)

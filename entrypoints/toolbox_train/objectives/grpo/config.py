@@ -4,13 +4,14 @@ its clipping)."""
 
 from __future__ import annotations
 
+from toolbox_train.generation import sampler
 from toolbox_train.generation.trainer import TOKENS_COUNTED_BY_TRL, trl_kwargs
 from toolbox_train.training.arguments import trl_config
 
 # grpo: fields that are GRPOConfig's own, under the same names
 VARIANTS = ("loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "num_iterations", "scale_rewards",
-            "mask_truncated_completions", "steps_per_generation", "max_tool_calling_iterations", "top_p", "top_k",
-            "min_p", "repetition_penalty")
+            "mask_truncated_completions", "steps_per_generation", "max_tool_calling_iterations",
+            *sampler.Sampling.model_fields)
 
 
 def grpo_args(p, dist, reward_weights: list[float] | None = None):

@@ -15,17 +15,10 @@ from toolbox_train.planning.reward_config import RewardCfg
 from toolbox_train.units.objective import Objective, Section, policy_reference
 
 
-class RlooCfg(Section):
+class RlooCfg(Section, sampler.Sampling):
     num_generations: int = Field(2, ge=2, description="completions sampled per prompt (the group; TRL's default 2)")
     max_completion_length: int = Field(256, gt=0, description="tokens generated per completion")
     temperature: float = Field(1.0, gt=0)
-    # TRL's sampling settings beside the temperature (its names and defaults; generation: compiled serves all but
-    # repetition_penalty, which it refuses: generation/sampler.py compiled_refusal)
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens this likely")
-    top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens (0: all)")
-    min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below min_p x the top token's probability")
-    repetition_penalty: float = Field(1.0, gt=0, description="> 1 penalizes tokens already in the prompt "
-                                      "or completion")
     beta: float = Field(0.05, ge=0, description="KL weight (TRL's default 0.05: a penalty on the reward, the "
                         "sequence's summed log-ratio to the reference); > 0 needs the reference model")
     rewards: list[RewardCfg] = Field(default_factory=list, description="summed (with their weights) per completion")

@@ -3,13 +3,13 @@ temperature, the KL weight, the reward weights, the sampler the run resolved, th
 
 from __future__ import annotations
 
+from toolbox_train.generation import sampler
 from toolbox_train.generation.trainer import TOKENS_COUNTED_BY_TRL, trl_kwargs
 from toolbox_train.training.arguments import trl_config
 
 # rloo: fields that are RLOOConfig's own, under the same names
 OWN = ("num_generations", "max_completion_length", "temperature", "beta", "epsilon", "epsilon_high", "num_iterations",
-       "normalize_advantages", "mask_truncated_completions", "steps_per_generation", "top_p", "top_k", "min_p",
-       "repetition_penalty")
+       "normalize_advantages", "mask_truncated_completions", "steps_per_generation", *sampler.Sampling.model_fields)
 
 
 def rloo_args(p, dist, reward_weights: list[float] | None = None):
