@@ -4,7 +4,8 @@ smaller batch after a larger one), also with the step traced whole by torch.comp
 eager backend: what the GPU's CUDA-graph compile needs, without a GPU); with a LoRA merged and unmerged
 through the trainers; top_k 1 sampling is greedy; temperature + top_p sampling draws only from the top-p
 set; GRPO and RLOO runs through finetune with it, TRL's tool loop decoding its later turns with it; and
-what the loop cannot serve, set by hand, is refused in one line with its reason."""
+what the loop cannot serve, set by hand, is refused in one line with its reason; and the step compiles once
+over training steps (each recompile would be a new CUDA-graph capture on the GPU)."""
 
 from __future__ import annotations
 
@@ -287,3 +288,34 @@ def test_the_tool_loop_decodes_each_turn_with_the_loop(tmp_path, tool_model, mon
     assert [(r["reward"], r["tools/calls"], r["tools/failures"]) for r in rows] == [(1.0, 4, 0)] * 2
     resolved = yaml.safe_load((tmp_path / "out" / "config.resolved.yaml").read_text())["_resolved"]
     assert resolved["sampler"] == "compiled" and resolved["sampler_merged"] is True
+
+
+def test_the_step_compiles_once_over_training_steps(tmp_path, tiny_model):
+    """What the GPU run pays for once, not each step: the step traced whole (dynamo, fullgraph) is compiled
+    once for a trainer's prompts of one length, and stays compiled after an optimizer step (new weights, the
+    LoRA merged into the same buffers again) and for shorter prompts and a smaller batch (a later turn).
+    A recompile would be a new CUDA-graph capture (seconds to minutes) on the GPU."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from toolbox_train.generation import decode
+
+    model, tok, trainers = lora_trainers(tmp_path, tiny_model, GRPO, {
+        "merged": {"grpo.merge_lora": True}, "unmerged": {"grpo.merge_lora": False}}, max_new_tokens=12)
+    prompts = [tok(s, add_special_tokens=False)["input_ids"] for s in ("w5 w9 w13 w20", "w3", "w7 w8")]
+    opt = torch.optim.AdamW([w for n, w in model.named_parameters() if "lora_" in n], lr=0.05)
+    ids = torch.tensor([prompts[0]])
+    torch._dynamo.reset()
+    counters.clear()
+    for name, t in trainers.items():
+        t._loop = decode.Loop(FULLGRAPH)
+        model.train()
+        for step in range(3):
+            t._generate_single_turn(prompts if step < 2 else prompts[1:], None, {}, 1)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            t.state.global_step += 1
+        assert t._loop.shape == (3, max(map(len, prompts)) + 12), name
+    # one graph per trainer: the merged LoRA's and the unmerged adapters' (two models as dynamo sees them)
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
