@@ -55,7 +55,8 @@ for r in rows:
           f"{100 * r['generate_share']:.1f}%, {r['generated_tokens_per_s']} gen tok/s, peak {r.get('peak_gib')} GiB")
     if "tools" in r:
         print(f"GRPO_TOOLS {r['shape']} {r['generation']} r{r['repeat']}: prompt {r['settings'].get('prompt_tokens')} "
-              f"tokens, per timed step (means) {r['tools'].get('mean') or r['tools']}")
+              f"tokens, per timed step (means) {r['tools'].get('mean') or r['tools']}"
+              + (f"; ERROR {r['tools']['error']}" if "error" in r["tools"] else ""))
 for shape, gen in sorted(by):
     base, fast = by.get((shape, base_gen)), by[(shape, gen)]
     if base and gen != base_gen and not gen.startswith("tools:"):  # the tool row's prompts differ

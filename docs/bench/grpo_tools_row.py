@@ -134,11 +134,23 @@ def setup(work: Path, shape: str, device: str, cfg: dict) -> tuple[dict, Path, i
 
 def script_first_turn() -> None:
     """TRL's generation of a sequence whose prompt holds no tool result yet returns the template's
-    tool-call text (call_text); later turns are the model's own (tests/train/test_grpo_tools.py _script)."""
+    tool-call text (call_text); later turns are the model's own (tests/train/test_grpo_tools.py _script).
+    Scripted where each sampler's turn is: TRL's own `_generate_single_turn`, and the compiled loop's
+    override of it (generation/trainer.py CompiledLoop), which does not call TRL's."""
     from trl import GRPOTrainer
 
-    real = GRPOTrainer._generate_single_turn
+    owners = [GRPOTrainer]
+    try:
+        from toolbox_train.generation.trainer import CompiledLoop
 
+        owners.append(CompiledLoop)
+    except ImportError:  # a code tree from before the compiled loop
+        pass
+    for owner in owners:
+        owner._generate_single_turn = _scripted(owner._generate_single_turn)
+
+
+def _scripted(real):
     def scripted(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         texts = self.processing_class.batch_decode(prompt_ids)
         if all("<tool_response>" in t for t in texts):
@@ -149,7 +161,7 @@ def script_first_turn() -> None:
         return [self.processing_class(call_text(i), add_special_tokens=False)["input_ids"] + [eos]
                 for i in range(len(texts))], None
 
-    GRPOTrainer._generate_single_turn = scripted
+    return scripted
 
 
 TOOL_KEYS = ("tools/calls", "tools/failures", "tools/turns", "tools/max_turns", "tools/call_frequency",
@@ -166,4 +178,7 @@ def metrics(run_dir: Path, warmup: int) -> dict:
     per_step = [{"step": r["step"], **{k: r.get(k) for k in TOOL_KEYS}} for r in timed]
     mean = {k: round(sum(r[k] for r in timed) / len(timed), 3) for k in TOOL_KEYS
             if timed and all(isinstance(r.get(k), (int, float)) for r in timed)}
+    if not mean.get("tools/calls"):  # the row would time plain generation under the tool row's name
+        return {"error": "no tool call in the timed steps: the scripted first turn did not run", "mean": mean,
+                "per_step": per_step}
     return {"mean": mean, "per_step": per_step}
