@@ -187,6 +187,10 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
                      "lr_scheduler": "constant", "warmup_steps": 0, "precision": precision,
                      "gradient_checkpointing": False, "seed": 0, **extra},
            "output": {"dir": str(out), "save_steps": 0, "progress_bar": False, "save": "adapter", **output}}
+    every = output.get("logging_steps", 1)
+    if WARMUP % every or (WARMUP + TIMED) % every:  # the timed tokens are metrics.jsonl's count at both ends
+        raise SystemExit(f"output.logging_steps={every}: the warm-up steps ({WARMUP}) and warm-up + VR_TIMED "
+                         f"({WARMUP + TIMED}) must be logged steps (multiples of it)")
     from vision_variants import apply_variants
 
     extra_callbacks = apply_variants(cfg["train"])  # fused_images, nonblocking, liger_tower, compile_tower
