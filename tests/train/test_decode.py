@@ -319,3 +319,25 @@ def test_the_step_compiles_once_over_training_steps(tmp_path, tiny_model):
         assert t._loop.shape == (3, max(map(len, prompts)) + 12), name
     # one graph per trainer: the merged LoRA's and the unmerged adapters' (two models as dynamo sees them)
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+
+
+def test_inductor_lowers_the_step_greedy_equal_and_sampling_seeded(tiny):
+    """The step through inductor, as the GPU compiles it (there with Triton's kernels and CUDA graphs; here
+    C++): every op of it lowers (the exponential race's draw, the in-place writes at a tensor index, isin),
+    greedy completions stay generate's, and sampling repeats under one seed."""
+    import torch
+
+    from toolbox_train.generation import decode
+
+    model, tok = tiny
+    ids, mask = _batch(tok)
+    loop = decode.Loop({"fullgraph": True, "dynamic": False})  # inductor: torch.compile's default backend
+    gc = _config(tok, max_new_tokens=24)
+    assert torch.equal(loop.generate(model, ids, mask, gc),
+                       model.generate(input_ids=ids, attention_mask=mask, generation_config=gc))
+    sampling = _config(tok, max_new_tokens=24, do_sample=True, top_k=0, top_p=0.9, temperature=0.8)
+    draws = []
+    for _ in range(2):
+        torch.manual_seed(1)
+        draws.append(loop.generate(model, ids, mask, sampling))
+    assert torch.equal(*draws) and len(set(draws[0][:, ids.shape[1]:].flatten().tolist())) > 10
