@@ -132,6 +132,10 @@ def trl_row(model_dir: Path, data: Path, out: Path, precision: str, seq: int, op
 
     from toolbox_train.models.vision import load_processor
 
+    if not torch.cuda.is_available():  # a CPU dry run: TRL 1.15's fused head is Triton's; finetune's stand-in
+        from toolbox_train.training import logprob
+
+        logprob.install()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype, **(nf4() if "qlora" in opts else {}))
     rows = [{"messages": r["messages"], "images": [Image.open(p).convert("RGB") for p in r["images"]]}
