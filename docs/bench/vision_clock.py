@@ -1,9 +1,10 @@
 """The clock of vision_rows.py's rows (issues 40, 44): every row's settings and timed window, the Trainer rows' Clock
 (tokens and seconds of the timed steps, memory at the start and after step 1), MEMTRACE=1's peak of steps 1-2 by
-allocation site (`peak_sites`), the peak of a row (`_peak`), and PROFILE=1's profiler (`PROF`).
+allocation site (`peak_sites`), the peak of a row (`_peak`), PROFILE=1's profiler (`PROF`) and HOSTSPY=1's sampler
+(`SPY`, host_spy.py).
 
-`PROF` lives here only: vision_rows.one() sets `vision_clock.PROF`, the Clock and the bare loop (vision_refs.py) read
-it through this module, so the row that starts it and the code that steps it see the same one.
+`PROF` and `SPY` live here only: vision_rows.one() sets them, the Clock and the bare loop (vision_refs.py) read them
+through this module, so the row that starts one and the code that steps it see the same one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ WARMUP, TIMED = 4, int(os.environ.get("VR_TIMED", 16))  # VR_TIMED: a longer win
 # live at their highest point summed by the first frame outside torch: what a peak is made of.
 MEMTRACE = os.environ.get("MEMTRACE") == "1"
 PROF = None  # PROFILE=1: vision_rows.one() sets a step_profile.StepProfiler (read as vision_clock.PROF)
+SPY = None  # HOSTSPY=1: vision_rows.one() sets a host_spy.Spy over the timed window (read as vision_clock.SPY)
 MAX_ENTRIES = 1_000_000
 OWN = ("/torch/", "/contextlib.py", "/functools.py")
 
@@ -75,8 +77,10 @@ class Clock:
                     (PROF.start if state.global_step == WARMUP - 2 else PROF.stop)()
                 if state.global_step == WARMUP:
                     clock.t0 = time.perf_counter()
+                    SPY and SPY.start()
                 if state.global_step == WARMUP + TIMED:
                     clock.t1 = time.perf_counter()
+                    SPY and SPY.stop()
 
         return C()
 

@@ -22,11 +22,12 @@ MEMTRACE=1 adds each Trainer row's peak of steps 1-2 by allocation site (vision_
 PROFILE=1 runs torch.profiler over steps 3-4 of every row (after MEMTRACE's, before the timed ones: timings untouched)
 and adds `profile` (step_profile.py: wall and GPU-busy seconds, top kernels and ops, cast and sync counts) to the row; the
 full tables go to OUT/profile-SHAPE-PATH.txt (every op's count and times in .json; PROFILE_STACKS=1 adds each host
-sync's call site, at a Python tracer's cost in the profiled steps). Every row says its attention implementations (`attn`).
+sync's call site, at a Python tracer's cost in the profiled steps). HOSTSPY=1 samples the host over the timed steps from
+another process (host_spy.py: py-spy) and adds `hostspy`. Every row says its attention implementations (`attn`).
 
 This file owns the shapes (their models and data), finetune's rows and the driver (one process a row); beside it,
 vision_clock.py every row's settings and the Trainer rows' clock (MEMTRACE, PROFILE's profiler), vision_refs.py the
-reference rows (bare, trl, unsloth-recipe), vision_variants.py finetune's variants, step_profile.py PROFILE=1's tables.
+reference rows (bare, trl, unsloth-recipe), vision_variants.py finetune's variants, step_profile.py PROFILE=1's tables, host_spy.py HOSTSPY=1's sampler.
 """
 
 from __future__ import annotations
@@ -217,6 +218,10 @@ def one(out: Path, shape: str, path: str) -> dict:
         from step_profile import StepProfiler  # beside this file, on sys.path from the top
 
         vision_clock.PROF = StepProfiler(out / f"profile-{shape}-{_slug(path)}.txt")
+    if os.environ.get("HOSTSPY") == "1":  # py-spy over the timed steps, its raw stacks beside the row's log
+        from host_spy import Spy
+
+        vision_clock.SPY = Spy(out / f"hostspy-{shape}-{_slug(path)}.txt")
     precision = os.environ.get("VR_PRECISION") or ("bf16" if torch.cuda.is_available() else "fp32")
     out = Path(os.environ.get("VR_WORK", out))  # models, data and runs (VR_WORK: kept out of what a device call returns)
     model = make_model(shape, out / f"model-{shape}")
@@ -237,7 +242,8 @@ def one(out: Path, shape: str, path: str) -> dict:
         raise SystemExit(f"unknown path {path}")
     return {"shape": shape, "path": path, "precision": precision, "batch": BATCH, "warmup_steps": WARMUP,
             "timed_steps": TIMED, "wall_s": round(time.time() - t0, 1), **row,
-            **({"profile": vision_clock.PROF.summary} if vision_clock.PROF else {})}
+            **({"profile": vision_clock.PROF.summary} if vision_clock.PROF else {}),
+            **({"hostspy": vision_clock.SPY.summary} if vision_clock.SPY else {})}
 
 
 def in_process(script: str, out: Path, shape: str, key: str, name: str, log: Path, env: dict) -> dict:
