@@ -29,6 +29,9 @@ export WARMUP=${WARMUP:-2} STEPS=${STEPS:-3}
 R=$PWD; PY=${PY:-python3}; SITE=${SITE-/tmp/site}; OUT=${OUT:-/tmp/grpo-speed}; WORK=${WORK:-/tmp/grpo-work}
 [ -n "$SITE" ] && { mkdir -p $SITE; tar -C $SITE -xzf ${SITE_TGZ:-$R/.gpu/site.tgz}; }
 export PYTHONPATH=$R/entrypoints${SITE:+:$SITE}
+# HOSTSPY=1 (default): py-spy (the site tarball's bin/) samples each row's host over its timed steps from another
+# process, never pausing it (docs/bench/host_spy.py): where a step's host time goes, beside its timing
+export PATH=${SITE:+$SITE/bin:}$PATH HOSTSPY=${HOSTSPY:-1}
 mkdir -p $OUT/grpo $WORK
 date -u
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null

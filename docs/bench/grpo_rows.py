@@ -27,7 +27,9 @@ WARMUP 2 + STEPS 8 timed, LoRA r16 on every projection, backend hf (or as the ro
 A random-init model almost never samples its EOS id, so every completion runs the full COMPLETION
 tokens: the workload is the same every step. The reward is the built-in length penalty with max_chars
 COMPLETION (the decoded lengths vary, so the advantages are not all zero and the backward is a real one).
-Rows go to OUT/grpo-rows.json and one `ROW {...}` line each on stdout; WORK holds the models.
+Rows go to OUT/grpo-rows.json and one `ROW {...}` line each on stdout; WORK holds the models. HOSTSPY=1 samples
+each row's host over its timed steps with py-spy from another process (host_spy.py; `hostspy` in the row, raw
+stacks in OUT/hostspy-SHAPE-GENERATION.txt).
 """
 
 from __future__ import annotations
@@ -72,9 +74,10 @@ def record_trl_timings(into: list) -> None:
     profiling.ProfilingContext.__exit__ = __exit__
 
 
-def step_clock(times: dict, sampler: dict | None = None):
+def step_clock(times: dict, sampler: dict | None = None, spy=None):
     """A TrainerCallback: wall time of each optimizer step (previous step's end to this one's); `sampler`
-    gets the GRPOConfig arguments that say which sampler ran (what grpo.generation resolved to)."""
+    gets the GRPOConfig arguments that say which sampler ran (what grpo.generation resolved to); `spy` (HOSTSPY=1,
+    host_spy.Spy) samples the host over the timed steps."""
     from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
@@ -92,6 +95,8 @@ def step_clock(times: dict, sampler: dict | None = None):
             t = time.perf_counter()
             times[state.global_step] = t - Clock.last
             Clock.last = t
+            if spy is not None and state.global_step in (ENV["WARMUP"], ENV["WARMUP"] + ENV["STEPS"]):
+                (spy.start if state.global_step == ENV["WARMUP"] else spy.stop)()
 
     return Clock()
 
@@ -156,7 +161,12 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
     steps: dict = {}
     sampler: dict = {}
     record_trl_timings(blocks)
-    finetune.run(config, overwrite=True, callbacks=[step_clock(steps, sampler)])
+    spy = None
+    if os.environ.get("HOSTSPY") == "1":  # py-spy over the timed steps (host_spy.py); a later repeat's overwrites
+        from host_spy import Spy
+
+        spy = Spy(out / f"hostspy-{shape}-{generation.replace(':', '-').replace('+', '-')}.txt")
+    finetune.run(config, overwrite=True, callbacks=[step_clock(steps, sampler, spy)])
     per_step = []
     for s in sorted(steps):
         gen = sum(d for n, st, d in blocks if st == s and n in GENERATE)
@@ -183,6 +193,8 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
            "versions": _versions()}
     if tools:
         row["tools"] = grpo_tools_row.metrics(run_dir, ENV["WARMUP"])
+    if spy is not None:
+        row["hostspy"] = spy.summary
     if DEVICE == "cuda":
         import torch
 

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_grpo_rows_times_generate_inside_each_step(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "entrypoints"), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "DEVICE": "cpu", "PROMPT": "12", "COMPLETION": "12", "GENS": "4", "BATCH": "8",
-           "WARMUP": "1", "STEPS": "2"}
+           "WARMUP": "1", "STEPS": "2", "HOSTSPY": "1",
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}  # py-spy
     p = subprocess.run([sys.executable, str(ROOT / "docs/bench/grpo_rows.py"), str(tmp_path / "out"),
                         str(tmp_path / "work"), "--shapes", "tiny-llama"], capture_output=True, text=True, env=env,
                        timeout=600)
@@ -25,6 +26,9 @@ def test_grpo_rows_times_generate_inside_each_step(tmp_path):
     (row,) = json.loads((tmp_path / "out" / "grpo-rows.json").read_text())
     log = (tmp_path / "out" / "grpo-tiny-llama-transformers-r0.log").read_text()
     assert "error" not in row, log
+    # HOSTSPY=1: py-spy sampled the timed steps (host_spy.py), generate's frames among them
+    assert row["hostspy"]["samples"] > 0 and row["hostspy"]["under"].get("trl", 0) > 0.5, row["hostspy"]
+    assert (tmp_path / "out" / "hostspy-tiny-llama-transformers.txt").is_file()
     assert row["repeat"] == 0 and row["sampler_args"]["cache_implementation"] is None  # TRL's default generate
     assert "transformers.generate" in row["blocks_seen"] and row["settings"]["COMPLETION"] == 12
     assert [s["step"] for s in row["per_step"]] == [1, 2, 3] and row["timed_steps"] == 2
