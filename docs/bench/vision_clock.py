@@ -77,10 +77,12 @@ class Clock:
                     (PROF.start if state.global_step == WARMUP - 2 else PROF.stop)()
                 if state.global_step == WARMUP:
                     clock.t0 = time.perf_counter()
-                    SPY and SPY.start()
+                    if SPY:
+                        SPY.start()
                 if state.global_step == WARMUP + TIMED:
                     clock.t1 = time.perf_counter()
-                    SPY and SPY.stop()
+                    if SPY:
+                        SPY.stop()
 
         return C()
 

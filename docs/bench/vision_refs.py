@@ -93,7 +93,8 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[
         if k == WARMUP:
             torch.cuda.synchronize() if dev == "cuda" else None
             t0 = time.perf_counter()
-            vision_clock.SPY and vision_clock.SPY.start()
+            if vision_clock.SPY:
+                vision_clock.SPY.start()
         b = {n: v.to(dev, non_blocking=True) for n, v in next(batches).items()}
         if k >= WARMUP:
             toks.append(b["attention_mask"].sum())
@@ -107,7 +108,8 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[
             vision_clock.PROF.stop()
     torch.cuda.synchronize() if dev == "cuda" else None
     secs = time.perf_counter() - t0
-    vision_clock.SPY and vision_clock.SPY.stop()
+    if vision_clock.SPY:
+        vision_clock.SPY.stop()
     tokens = int(sum(int(t) for t in toks))
     return {"tokens_per_s": tokens / secs, "timed_tokens": tokens, "peak_gib": _peak(), "attn": attn_impl(model),
             "losses": [round(float(x), 4) for x in losses]}
