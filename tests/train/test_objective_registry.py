@@ -153,6 +153,9 @@ def test_a_unit_is_found_by_its_folder_alone(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "notes.py").write_text("")  # a module, not a unit
     monkeypatch.syspath_prepend(str(tmp_path))
+    # no cached bytecode: the rewrite below keeps the file's size, and within the same second as the first import
+    # Python would take the stale .pyc for it (a run without PYTHONDONTWRITEBYTECODE failed so)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     assert list(registry.found("someunits")) == ["zeta", "alpha", "beta"]
     (pkg / "alpha" / "__init__.py").write_text((pkg / "alpha" / "__init__.py").read_text().replace("'alpha'", "'gamma'"))
     for m in [m for m in sys.modules if m.startswith("someunits")]:
