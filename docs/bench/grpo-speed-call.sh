@@ -4,7 +4,8 @@
 # every projection, backend hf, 2 prompts x 8 = 16 completions a step, prompts 128 tokens, completions 256 (a
 # random-init model never stops early), gradient accumulation 1, WARMUP 2 + STEPS 3 timed per row, each row its own
 # process, REPEATS rounds with the samplers' order flipped each round (docs/bench/grpo_rows.py --repeats). Rows ->
-# $OUT/grpo/grpo-rows.json after each row (a cut call keeps what ran), logs beside them.
+# $OUT/grpo/grpo-rows.json after each row (a cut call keeps what ran), logs beside them; on a GPU all of it packed
+# at the end as $OUT/grpo.tgz, with grpo-rows.json copied beside it.
 # GENERATION lists the rows, each [tools:][BACKEND:]SAMPLER[+nomerge] (backend hf unless named; +nomerge sets
 # grpo.merge_lora: false). The default (issue 46; the compiled row not run on a GPU yet, its compile time unknown):
 #   transformers+nomerge  TRL's default: generate's dynamic cache, LoRA unmerged (plain `transformers` merges now)
@@ -69,3 +70,8 @@ for shape, gen in sorted(by):
               f"(medians of {len(base)} and {len(fast)} rows)")
 PYEOF
 date -u
+# On a GPU the call's rows, logs and host samples (9 files for 4 rows) go back as $OUT/grpo.tgz beside a copy of
+# grpo-rows.json: a device call returns at most 8 files, and one over that cost a whole call's files before.
+if [ "$DEVICE" = cuda ] && [ -d $OUT/grpo ]; then
+  cp $OUT/grpo/grpo-rows.json $OUT/ 2>/dev/null; tar czf $OUT/grpo.tgz -C $OUT grpo --remove-files
+fi
