@@ -74,6 +74,11 @@ def record_trl_timings(into: list) -> None:
     profiling.ProfilingContext.__exit__ = __exit__
 
 
+def slug(generation: str) -> str:
+    """A row's GENERATION as a file name's part."""
+    return generation.replace(':', '-').replace('+', '-')
+
+
 def step_clock(times: dict, sampler: dict | None = None, spy=None):
     """A TrainerCallback: wall time of each optimizer step (previous step's end to this one's); `sampler`
     gets the GRPOConfig arguments that say which sampler ran (what grpo.generation resolved to); `spy` (HOSTSPY=1,
@@ -91,12 +96,14 @@ def step_clock(times: dict, sampler: dict | None = None, spy=None):
             Clock.last = time.perf_counter()
 
         def on_step_end(self, args, state, control, **k):
+            if spy is not None and state.global_step == ENV["WARMUP"]:  # its start-up in the last warm-up step
+                spy.start()
             _sync()
             t = time.perf_counter()
             times[state.global_step] = t - Clock.last
             Clock.last = t
-            if spy is not None and state.global_step in (ENV["WARMUP"], ENV["WARMUP"] + ENV["STEPS"]):
-                (spy.start if state.global_step == ENV["WARMUP"] else spy.stop)()
+            if spy is not None and state.global_step == ENV["WARMUP"] + ENV["STEPS"]:
+                spy.stop()
 
     return Clock()
 
@@ -136,7 +143,7 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
     data = work / f"prompts-{shape}-{ENV['PROMPT']}.jsonl"
     if not tools and not data.exists():
         _data(data, json.loads((model_dir / "config.json").read_text())["vocab_size"])
-    run_dir = work / f"run-{shape}-{generation.replace(':', '-').replace('+', '-')}"
+    run_dir = work / f"run-{shape}-{slug(generation)}"
     cfg = {"model": {"path": str(model_dir)}, "objective": "grpo", "method": "lora", "backend": backend,
            "data": {"path": str(data), "max_seq_length": ENV["PROMPT"] + 8},
            "grpo": {"num_generations": ENV["GENS"], "max_completion_length": ENV["COMPLETION"],
@@ -165,7 +172,7 @@ def one(out: Path, work: Path, shape: str, generation: str = "transformers") -> 
     if os.environ.get("HOSTSPY") == "1":  # py-spy over the timed steps (host_spy.py); a later repeat's overwrites
         from host_spy import Spy
 
-        spy = Spy(out / f"hostspy-{shape}-{generation.replace(':', '-').replace('+', '-')}.txt")
+        spy = Spy(out / f"hostspy-{shape}-{slug(generation)}.txt")
     finetune.run(config, overwrite=True, callbacks=[step_clock(steps, sampler, spy)])
     per_step = []
     for s in sorted(steps):
@@ -250,7 +257,7 @@ def main(argv: list[str]) -> int:
     for shape, gen, rep in order:
         cp = subprocess.run([sys.executable, __file__, str(out), str(work), "--one", shape, gen],
                             capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        (out / f"grpo-{shape}-{gen.replace(':', '-').replace('+', '-')}-r{rep}.log").write_text(cp.stdout + cp.stderr)
+        (out / f"grpo-{shape}-{slug(gen)}-r{rep}.log").write_text(cp.stdout + cp.stderr)
         row = next((json.loads(x[4:]) for x in cp.stdout.splitlines() if x.startswith("ROW ")),
                    {"shape": shape, "generation": gen,
                     "error": (cp.stderr.strip().splitlines() or ["?"])[-1]})

@@ -76,9 +76,9 @@ class Clock:
                 if PROF and state.global_step in (WARMUP - 2, WARMUP):  # after MEMTRACE's steps, before the clock's
                     (PROF.start if state.global_step == WARMUP - 2 else PROF.stop)()
                 if state.global_step == WARMUP:
-                    clock.t0 = time.perf_counter()
-                    if SPY:
+                    if SPY:  # started before the clock reads: its start-up is not in the timed window
                         SPY.start()
+                    clock.t0 = time.perf_counter()
                 if state.global_step == WARMUP + TIMED:
                     clock.t1 = time.perf_counter()
                     if SPY:

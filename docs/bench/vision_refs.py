@@ -91,10 +91,10 @@ def bare_row(model_dir: Path, data: Path, precision: str, seq: int, opts: tuple[
         if vision_clock.PROF and k == WARMUP - 2:  # the same two steps as a Trainer row's, their batches' waits included
             vision_clock.PROF.start()
         if k == WARMUP:
+            if vision_clock.SPY:  # started before the clock reads: its start-up is not in the timed window
+                vision_clock.SPY.start()
             torch.cuda.synchronize() if dev == "cuda" else None
             t0 = time.perf_counter()
-            if vision_clock.SPY:
-                vision_clock.SPY.start()
         b = {n: v.to(dev, non_blocking=True) for n, v in next(batches).items()}
         if k >= WARMUP:
             toks.append(b["attention_mask"].sum())
