@@ -27,7 +27,8 @@ another process (host_spy.py: py-spy) and adds `hostspy`. Every row says its att
 
 This file owns the shapes (their models and data), finetune's rows and the driver (one process a row); beside it,
 vision_clock.py every row's settings and the Trainer rows' clock (MEMTRACE, PROFILE's profiler), vision_refs.py the
-reference rows (bare, trl, unsloth-recipe), vision_variants.py finetune's variants, step_profile.py PROFILE=1's tables, host_spy.py HOSTSPY=1's sampler.
+reference rows (bare, trl, unsloth-recipe), vision_variants.py finetune's variants, step_profile.py PROFILE=1's tables,
+host_spy.py HOSTSPY=1's sampler.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ on by generation/trainer.py), transformers' continuous batching (`transformers-p
 colocate`: a vLLM engine in the training process, its share of memory `vllm_gpu_memory_utilization`).
 `compiled` is the Toolbox's own decoding loop over the same static cache (generation/decode.py: one
 compiled step per token, the host's check every 32 tokens), set by hand: a run it cannot serve
-(`compiled_refusal`: the model, the sampling settings, the backend) is refused in one line. `auto` picks the fastest this machine runs (`pick`), measured on an H100
+(`compiled_refusal`: the model, the sampling settings, the backend) is refused in one line. `auto` picks the
+fastest this machine runs (`pick`), measured on an H100
 (docs/preference.md); the pick is made once, when the run is resolved (`extras`), and every later step
 reads it there.
 
