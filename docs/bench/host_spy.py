@@ -18,9 +18,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
-RATE = int(os.environ.get("HOSTSPY_RATE", 500))  # samples a second
+_RATE = os.environ.get("HOSTSPY_RATE", "500")
+if not _RATE.isdigit() or int(_RATE) < 1:
+    print(f"HOSTSPY_RATE={_RATE}: a whole number of samples a second, 1 or more", file=sys.stderr)
+    raise SystemExit(2)
+RATE = int(_RATE)  # samples a second
 TOP = 40
 # package -> the path part that names it (checked in this order: the innermost match wins)
 PACKAGES = (("liger_kernel", "/liger_kernel/"), ("triton", "/triton/"), ("trl", "/trl/"), ("peft", "/peft/"),

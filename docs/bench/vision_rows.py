@@ -190,9 +190,13 @@ def finetune_row(model: Path, data: Path, out: Path, precision: str, seq: int, s
                      "gradient_checkpointing": False, "seed": 0, **extra},
            "output": {"dir": str(out), "save_steps": 0, "progress_bar": False, "save": "adapter", **output}}
     every = output.get("logging_steps", 1)
-    if WARMUP % every or (WARMUP + TIMED) % every:  # the timed tokens are metrics.jsonl's count at both ends
-        raise SystemExit(f"output.logging_steps={every}: the warm-up steps ({WARMUP}) and warm-up + VR_TIMED "
-                         f"({WARMUP + TIMED}) must be logged steps (multiples of it)")
+    why = ("a whole number of steps, 1 or more" if type(every) is not int or every < 1 else
+           # the timed tokens are metrics.jsonl's count at both ends
+           f"the warm-up steps ({WARMUP}) and warm-up + VR_TIMED ({WARMUP + TIMED}) must be logged steps "
+           "(multiples of it)" if WARMUP % every or (WARMUP + TIMED) % every else None)
+    if why:  # one line and exit 2, before the run
+        print(f"output.logging_steps={every}: {why}", file=sys.stderr)
+        raise SystemExit(2)
     from vision_variants import apply_variants
 
     extra_callbacks = apply_variants(cfg["train"])  # fused_images, nonblocking, liger_tower, compile_tower

@@ -20,7 +20,8 @@ def test_the_rows_run_on_the_tiny_shapes(tmp_path):
                                                         os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "VR_TIMED": "4", "VR_WORK": str(tmp_path / "work"), "HOSTSPY": "1",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}  # py-spy
-    paths = "bare trl finetune:hf:lora:liger_tower=false,output.logging_steps=4 finetune:hf:lora:output.logging_steps=3"
+    paths = ("bare trl finetune:hf:lora:liger_tower=false,output.logging_steps=4 finetune:hf:lora:output.logging_steps=3 "
+             "finetune:hf:lora:output.logging_steps=x")
     p = subprocess.run([sys.executable, str(ROOT / "docs/bench/vision_rows.py"), str(tmp_path / "out"),
                         "--shapes", "tiny,tiny-qwen3-vl", "--paths", paths], capture_output=True, text=True, env=env,
                        timeout=900)
@@ -44,6 +45,11 @@ def test_the_rows_run_on_the_tiny_shapes(tmp_path):
         assert log.strip().splitlines()[-1] == ("output.logging_steps=3: the warm-up steps (4) and warm-up + VR_TIMED "
                                                 "(8) must be logged steps (multiples of it)"), log[-2000:]
         assert "Traceback" not in log
+        # not a number of steps: its own line, exit 2, no run folder
+        assert rows[shape, paths.split()[4]]["error"] == f"exit 2, see {shape}-finetune-hf-lora-output.logging_stepsx.log"
+        log = (tmp_path / "out" / f"{shape}-finetune-hf-lora-output.logging_stepsx.log").read_text()
+        assert log.strip().splitlines()[-1] == "output.logging_steps=x: a whole number of steps, 1 or more", log[-2000:]
+        assert not list((tmp_path / "work").glob(f"run-{shape}-*logging_stepsx"))
 
 
 def test_host_spy_sums_the_main_thread_by_package():
