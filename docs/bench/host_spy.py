@@ -83,6 +83,17 @@ def summarize(raw: str, seconds: float | None = None) -> dict:
     return out
 
 
+def _ptracer(who: int) -> None:
+    """prctl(PR_SET_PTRACER): -1 lets any process of this user (still this user only: the kernel's uid check stays)
+    read this one, as py-spy, started as a child, must under Yama's scope 1; 0 takes that back."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(who & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Spy:
     """py-spy on this process over a window; `summary` after stop() (or `error`)."""
 
@@ -96,12 +107,7 @@ class Spy:
         if exe is None:
             self.summary = {"error": "py-spy not on PATH: the row ran unsampled"}
             return
-        try:  # Yama's ptrace_scope 1 (Ubuntu's default) lets a process read only its descendants: allow any reader
-            import ctypes
-
-            ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER, PR_SET_PTRACER_ANY
-        except (OSError, AttributeError):
-            pass
+        _ptracer(-1)  # Yama's ptrace_scope 1 (Ubuntu's default) lets a process read only its descendants
         self.proc = subprocess.Popen([exe, "record", "--pid", str(os.getpid()), "--nonblocking", "--threads", "--idle",
                                       "--full-filenames", "--rate", str(RATE), "--format", "raw", "--output",
                                       str(self.raw)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -120,6 +126,7 @@ class Spy:
             self.proc.kill()
             err = "py-spy did not stop within 120 s"
         self.proc = None
+        _ptracer(0)  # back to Yama's default once the window is sampled
         if not self.raw.is_file():
             self.summary = {"error": f"py-spy wrote nothing: {err.strip()[-300:]}"}
             return
